@@ -1,0 +1,59 @@
+"""The ``diagsink`` command line.
+
+Every command reports bad input as one line starting with ``error:`` (no traceback) and
+exits with status 2; a successful command exits with 0. Subcommands are registered in
+:func:`build_parser`; each lives next to the module that does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import DiagsinkError
+from .settings import settings
+
+__all__ = ["main", "build_parser"]
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import torch
+
+    s = settings()
+    print(f"diagsink {__version__}")
+    print(f"mode:      {s.mode} (DIAGSINK_QUICK)")
+    print(f"data root: {s.data_root} (DIAGSINK_DATA)")
+    print(f"device:    {s.device} (torch {torch.__version__})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="diagsink",
+        description="Temporal attention and its diagonal sink: data, training, figures, course material.",
+    )
+    parser.add_argument("--version", action="version", version=f"diagsink {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    info = sub.add_parser("info", help="show the mode, data folder and device in use")
+    info.set_defaults(func=_cmd_info)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``diagsink`` console script. Returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (DiagsinkError, ValueError, FileNotFoundError, PermissionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished work is kept; rerun the same command to continue.", file=sys.stderr)
+        return 130

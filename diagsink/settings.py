@@ -1,0 +1,90 @@
+"""The one place where run-time switches are read (quick mode, data folder, device).
+
+Chapters, tests and the command line all ask :func:`settings` and never read the
+environment themselves, so one switch changes the whole book consistently.
+
+``DIAGSINK_QUICK=1`` selects *quick mode*: the same code paths with smaller sizes
+(fewer sequence lengths, fewer epochs, fewer seeds), so every chapter runs in a
+minute or two on a laptop CPU. Anything else (or unset) selects *full mode*.
+Explained in the introduction (``book/intro.md``, "Three ways to use this book").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+__all__ = ["Settings", "settings", "pick", "default_device"]
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Run-time switches, read from the environment by :func:`settings`.
+
+    Attributes:
+        quick: ``True`` when ``DIAGSINK_QUICK`` is set to 1/true/yes/on.
+        data_root: folder holding METR-LA (``DIAGSINK_DATA``, else a per-user cache).
+        device: ``DIAGSINK_DEVICE`` if set, else ``"cuda"`` when available, else ``"cpu"``.
+    """
+
+    quick: bool
+    data_root: Path
+    device: str
+
+    @property
+    def mode(self) -> str:
+        """``"quick"`` or ``"full"``: the word chapters print next to their numbers."""
+        return "quick" if self.quick else "full"
+
+
+def _user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "diagsink"
+
+
+def default_device() -> str:
+    """``"cuda"`` if PyTorch sees a GPU, else ``"cpu"``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _parse_quick(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"DIAGSINK_QUICK={raw!r} is not understood: set it to 1 for quick mode "
+        "or 0 (or leave it unset) for full mode."
+    )
+
+
+def settings() -> Settings:
+    """Read the switches from the environment (cheap; call it whenever you need them).
+
+    Raises:
+        ValueError: if ``DIAGSINK_QUICK`` holds something other than 0/1/true/false.
+    """
+    quick = _parse_quick(os.environ.get("DIAGSINK_QUICK", ""))
+    data_env = os.environ.get("DIAGSINK_DATA", "").strip()
+    data_root = Path(data_env).expanduser() if data_env else _user_cache_dir() / "metr-la"
+    device = os.environ.get("DIAGSINK_DEVICE", "").strip() or default_device()
+    return Settings(quick=quick, data_root=data_root, device=device)
+
+
+def pick(quick: T, full: T) -> T:
+    """Return ``quick`` in quick mode and ``full`` otherwise.
+
+    This is how sizes are chosen everywhere, e.g. ``lengths = pick([4, 16, 64], [4, ..., 1024])``:
+    only the numbers differ between the modes, never the code that uses them.
+    """
+    return quick if settings().quick else full
