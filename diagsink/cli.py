@@ -17,6 +17,10 @@ from .settings import settings
 
 __all__ = ["main", "build_parser"]
 
+# Modules that contribute subcommands: each defines ``add_commands(subparsers)``.
+# Add a module here when it gains a command (keep this the only registry).
+COMMAND_MODULES: tuple[str, ...] = ()
+
 
 def _cmd_info(args: argparse.Namespace) -> int:
     import torch
@@ -41,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="show the mode, data folder and device in use")
     info.set_defaults(func=_cmd_info)
+
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_commands(sub)
 
     return parser
 
