@@ -13,6 +13,7 @@ Tensor shapes follow ``[batch, time, nodes, channels]`` for traffic data and
 
 from __future__ import annotations
 
+from . import exercises
 from .attention import DIAG_OPTIONS, TemporalAttention, diagonal_bias
 from .errors import ConfigError, DataError, DiagsinkError
 from .positional import PositionalEncoding, sinusoidal_table, tape_table
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "exercises",
     "settings",
     "Settings",
     "pick",
