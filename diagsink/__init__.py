@@ -14,6 +14,7 @@ Tensor shapes follow ``[batch, time, nodes, channels]`` for traffic data and
 from __future__ import annotations
 
 from . import exercises
+from . import adjacency, data, metrics, protocol  # METR-LA: book/metr_la.ipynb
 from .attention import DIAG_OPTIONS, TemporalAttention, diagonal_bias
 from .errors import ConfigError, DataError, DiagsinkError
 from .positional import PositionalEncoding, sinusoidal_table, tape_table
@@ -24,6 +25,10 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "exercises",
+    "adjacency",
+    "data",
+    "metrics",
+    "protocol",
     "settings",
     "Settings",
     "pick",

@@ -1,0 +1,106 @@
+"""Masked metrics: hand-computed cases, the all-masked error, and a NumPy reference."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from diagsink import metrics as M
+from diagsink.errors import DataError
+
+
+def test_hand_computed_values():
+    pred = torch.tensor([[1.0, 5.0], [3.0, 10.0]])
+    target = torch.tensor([[2.0, 0.0], [6.0, 8.0]])  # the 0 is masked
+    # errors on the unmasked entries: |1-2| = 1, |3-6| = 3, |10-8| = 2
+    assert float(M.masked_mae(pred, target)) == pytest.approx(2.0)
+    assert float(M.masked_rmse(pred, target)) == pytest.approx(math.sqrt((1 + 9 + 4) / 3))
+    assert float(M.masked_mape(pred, target)) == pytest.approx(100 * (1 / 2 + 3 / 6 + 2 / 8) / 3)
+    # a masked entry really has no effect, whatever the prediction there
+    pred2 = pred.clone()
+    pred2[0, 1] = 1e6
+    assert float(M.masked_mae(pred2, target)) == pytest.approx(2.0)
+
+
+def test_entirely_masked_batch_raises():
+    for fn in (M.masked_mae, M.masked_rmse, M.masked_mape):
+        with pytest.raises(DataError, match="every target is masked"):
+            fn(torch.ones(3, 4), torch.zeros(3, 4))
+    with pytest.raises(DataError, match="every target is masked"):
+        M.horizon_metrics(torch.ones(2, 12, 3), torch.zeros(2, 12, 3))
+
+
+def test_mae_is_differentiable():
+    pred = torch.tensor([1.0, 4.0, 2.0], requires_grad=True)
+    loss = M.masked_mae(pred, torch.tensor([2.0, 0.0, 1.0]))
+    loss.backward()
+    torch.testing.assert_close(pred.grad, torch.tensor([-0.5, 0.0, 0.5]))
+
+
+def test_shape_mismatch_is_an_error():
+    with pytest.raises(DataError, match="same shape"):
+        M.masked_mae(torch.ones(2, 3), torch.ones(3, 2))
+
+
+def test_horizon_metrics_labels_and_single_steps():
+    rng = np.random.default_rng(1)
+    target = rng.uniform(10, 70, size=(5, 12, 4))
+    target[rng.random(target.shape) < 0.2] = 0.0
+    pred = target + rng.normal(0, 3, size=target.shape)
+    out = M.horizon_metrics(pred, target)
+    assert list(out) == [f"{m}@{h}" for h in (3, 6, 12) for m in ("MAE", "RMSE", "MAPE")] + [
+        "MAE@mean", "RMSE@mean", "MAPE@mean"]
+    # horizon h is the h-th step alone (index h - 1)
+    assert out["MAE@6"] == pytest.approx(float(M.masked_mae(pred[:, 5], target[:, 5])))
+    assert out["MAE@mean"] == pytest.approx(float(M.masked_mae(pred, target)))
+    per_step = M.horizon_metrics(pred, target, average="per-step")
+    ref = np.mean([float(M.masked_rmse(pred[:, k], target[:, k])) for k in range(12)])
+    assert per_step["RMSE@mean"] == pytest.approx(ref)
+    with pytest.raises(DataError, match="horizon 13"):
+        M.horizon_metrics(pred, target, horizons=(13,))
+
+
+def _np_reference(p, t):
+    m = t != 0
+    e = p[m] - t[m]
+    return np.abs(e).mean(), np.sqrt((e ** 2).mean()), 100 * np.mean(np.abs(e) / np.abs(t[m]))
+
+
+speeds = st.floats(0.0, 80.0, allow_nan=False, width=64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(7,), (3, 4), (2, 3, 5)]))
+def test_against_numpy_reference(data, shape):
+    t = data.draw(arrays(np.float64, shape, elements=st.one_of(st.just(0.0), st.floats(0.5, 80.0))))
+    p = data.draw(arrays(np.float64, shape, elements=speeds))
+    if not (t != 0).any():
+        with pytest.raises(DataError):
+            M.masked_mae(p, t)
+        return
+    mae, rmse, mape = _np_reference(p, t)
+    assert float(M.masked_mae(p, t)) == pytest.approx(mae, rel=1e-9, abs=1e-12)
+    assert float(M.masked_rmse(p, t)) == pytest.approx(rmse, rel=1e-9, abs=1e-12)
+    assert float(M.masked_mape(p, t)) == pytest.approx(mape, rel=1e-9, abs=1e-12)
+    # float32 tensors give the same answer up to float32 rounding
+    assert float(M.masked_mae(torch.tensor(p, dtype=torch.float32), torch.tensor(t, dtype=torch.float32))) == \
+        pytest.approx(mae, rel=1e-4, abs=1e-4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(t=arrays(np.float64, (3, 12, 2), elements=st.floats(1.0, 80.0)),
+       noise=arrays(np.float64, (3, 12, 2), elements=st.floats(-5.0, 5.0)))
+def test_horizon_values_against_numpy(t, noise):
+    p = t + noise
+    out = M.horizon_metrics(p, t)
+    for h in (3, 6, 12):
+        mae, rmse, mape = _np_reference(p[:, h - 1], t[:, h - 1])
+        assert out[f"MAE@{h}"] == pytest.approx(mae, abs=1e-12)
+        assert out[f"RMSE@{h}"] == pytest.approx(rmse, abs=1e-12)
+        assert out[f"MAPE@{h}"] == pytest.approx(mape, abs=1e-9)
