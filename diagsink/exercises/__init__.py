@@ -12,17 +12,34 @@ solution. If the student's function still raises ``NotImplementedError`` (the st
 error propagates unchanged, so an unfinished exercise is visible as exactly that.
 
 The course tooling (``diagsink course export``) and the tests rely on this convention;
-see the instructor page of the book.
+see the instructor page of the book (``book/instructors.md``).
+
+Writing a check: draw inputs from :func:`fresh_generator` (a new seed on every call, so a
+hard-coded answer cannot pass, and the notebook's own random state is left alone), compute
+the reference, and compare with :func:`compare_tensors`, which turns a mismatch into a hint
+(wrong type, wrong shape, transposed, off by a constant factor, NaN/inf, wrong values)
+without printing the expected values. Combine several hints with :func:`first_hint`.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["register", "check", "Result", "labels", "ExerciseFailed"]
+__all__ = [
+    "register",
+    "check",
+    "Result",
+    "labels",
+    "ExerciseFailed",
+    "fresh_generator",
+    "compare_tensors",
+    "first_hint",
+]
 
 CheckFn = Callable[[Callable], "Result"]
 _REGISTRY: dict[str, CheckFn] = {}
@@ -105,3 +122,93 @@ def check(label: str, answer: Callable, *, strict: bool = False) -> Result:
     if strict and not result.passed:
         raise ExerciseFailed(str(result))
     return result
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers for writing checks (used by the modules ``diagsink/exercises/<chapter>.py``)
+# ---------------------------------------------------------------------------------------
+
+
+def fresh_generator() -> Any:
+    """A ``torch.Generator`` with a fresh seed from the operating system.
+
+    Checks draw their inputs from it, so every call sees new random inputs (a hard-coded
+    answer cannot pass) and the global RNG of the student's notebook is not touched.
+    The seed is available as ``generator.initial_seed()`` for a reproducible hint.
+    """
+    import torch
+
+    gen = torch.Generator()
+    gen.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
+    return gen
+
+
+def first_hint(*hints: str | None) -> str | None:
+    """The first hint that is not ``None`` (``None`` when every part passed)."""
+    for hint in hints:
+        if hint is not None:
+            return hint
+    return None
+
+
+def compare_tensors(
+    got: Any,
+    expected: Any,
+    *,
+    name: str = "the result",
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> str | None:
+    """Compare a student's tensor with the reference; ``None`` if they match, else a hint.
+
+    The hint names the kind of mistake without printing the reference values: not a
+    tensor, wrong shape (the expected *shape* is stated), NaN or inf, the transpose of the
+    right answer, off by a constant factor (a missing scale such as ``1/sqrt(d)``), or
+    wrong values (the largest absolute difference and the share of entries that differ).
+
+    Args:
+        got: what the student's function returned.
+        expected: the reference tensor.
+        name: how the hint calls this value, e.g. ``"the attention weights"``.
+        atol, rtol: tolerances as in :func:`torch.testing.assert_close`.
+    """
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        return f"{name} should be a torch.Tensor, but your function returned {type(got).__name__}."
+    if got.is_complex() != expected.is_complex() or (got.is_floating_point() != expected.is_floating_point()):
+        return f"{name} has dtype {got.dtype}; a {expected.dtype} tensor is expected."
+    if tuple(got.shape) != tuple(expected.shape):
+        return (
+            f"{name} has shape {list(got.shape)}, expected {list(expected.shape)}: "
+            "check which dimension you reduce, transpose or index."
+        )
+    got = got.detach().to(device=expected.device, dtype=expected.dtype)
+    expected = expected.detach()
+    if not torch.isfinite(got).all() and torch.isfinite(expected).all():
+        return (
+            f"{name} contains NaN or inf where the reference is finite: look for an overflow "
+            "(e.g. exp of a large number) or a division by zero."
+        )
+    if torch.allclose(got, expected, atol=atol, rtol=rtol, equal_nan=True):
+        return None
+    if got.dim() >= 2 and got.shape[-1] == got.shape[-2]:
+        if torch.allclose(got.transpose(-1, -2), expected, atol=atol, rtol=rtol):
+            return f"{name} is the transpose of the expected one: swap the last two dimensions (rows vs columns)."
+    denom = float((expected * expected).sum())
+    if denom > 0:
+        factor = float((got * expected).sum()) / denom
+        if abs(factor - 1.0) > 1e-3 and abs(factor) > 1e-6:
+            if torch.allclose(got, factor * expected, atol=atol * max(1.0, abs(factor)), rtol=rtol):
+                return (
+                    f"{name} is off by a constant factor of about {factor:.4g}: "
+                    "a scale (such as 1/sqrt(d) or a normalisation) is missing or applied twice."
+                )
+    diff = (got - expected).abs()
+    bad = ~torch.isclose(got, expected, atol=atol, rtol=rtol, equal_nan=True)
+    share = float(bad.float().mean())
+    return (
+        f"{name} has the right shape but wrong values: the largest difference is "
+        f"{float(diff[torch.isfinite(diff)].max()) if torch.isfinite(diff).any() else float('nan'):.3g}, "
+        f"and {100 * share:.0f}% of the entries differ."
+    )
