@@ -1,0 +1,627 @@
+"""The Jacobian of a temporal-attention layer, its four paths, and their sensitivity bounds.
+
+For one sequence ``x`` of shape ``[T, C]`` a :class:`~diagsink.attention.TemporalAttention`
+layer computes (after the positional encoding ``u = x + P``)::
+
+    y_i = u_i + Σ_h W_O^h Σ_j α^h_ij (W_V^h u_j + b_V^h) + b_O,
+    α^h_ij = softmax_j(s^h_ij),   s^h_ij = q^h_i · k^h_j / sqrt(d) + b_ij,
+
+with ``q^h_i = W_Q^h u_i + b_Q^h``, ``k^h_j = W_K^h u_j + b_K^h`` and head size ``d``.
+Its Jacobian ``J[i, :, j, :] = ∂y_i/∂x_j`` (a ``[T, C, T, C]`` tensor of ``C x C`` blocks)
+splits into four *paths* (with ``M^h = W_O^h W_V^h``, ``ū_i = Σ_m α_im u_m``,
+``k̄_i = Σ_m α_im k_m``)::
+
+    residual  δ_ij I
+    value     Σ_h α^h_ij M^h
+    key       Σ_h α^h_ij M^h (u_j − ū^h_i) (q^h_i)ᵀ W_K^h / sqrt(d)
+    query     δ_ij Σ_h Σ_m α^h_im M^h u_m (k^h_m − k̄^h_i)ᵀ W_Q^h / sqrt(d)
+
+Derived in ``book/jacobian.ipynb`` ("The Jacobian of a temporal-attention layer"); the
+bounds computed by :func:`bound` are the theorems of ``book/bounds.ipynb`` ("Why the
+diagonal wins: sensitivity bounds").
+
+Functions:
+
+* :func:`decompose` -- the four paths in closed form, vectorised (einsum).
+* :func:`autograd_jacobian` -- the same Jacobian by ``torch.func.jacrev`` (the reference).
+* :func:`block_norms` -- norms of every block, computed in row chunks (long sequences).
+* :func:`bound` -- the right-hand sides of the theorems for one layer and input.
+* :func:`sensitivity_vs_length` -- mean block norms of each path against ``T``, with slopes.
+* :func:`init_layer`, :func:`train_toy_layer`, :func:`sphere_inputs` -- layers and inputs
+  for the sweeps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from .attention import TemporalAttention
+from .errors import ConfigError
+
+__all__ = [
+    "PATHS",
+    "decompose",
+    "total",
+    "autograd_jacobian",
+    "block_norms",
+    "Bounds",
+    "bound",
+    "loglog_slope",
+    "Sweep",
+    "sensitivity_vs_length",
+    "init_layer",
+    "sphere_inputs",
+    "gaussian_inputs",
+    "toy_series",
+    "train_toy_layer",
+]
+
+PATHS = ("residual", "value", "key", "query")
+KINDS = ("off", "diag")
+
+
+# ----------------------------------------------------------------------------------------
+# the pieces of the closed form
+# ----------------------------------------------------------------------------------------
+def _check_supported(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | None) -> None:
+    """Raise :class:`ConfigError` (a ``ValueError``) for what the closed form does not cover."""
+    if not isinstance(layer, TemporalAttention):
+        raise ConfigError(f"expected a ds.TemporalAttention layer, got {type(layer).__name__}.")
+    if x.dim() != 2 or x.shape[-1] != layer.d_model:
+        raise ConfigError(
+            f"x has shape {tuple(x.shape)}; the Jacobian is taken for one sequence [T, C] with "
+            f"C = d_model = {layer.d_model}. Pass x[b] (or x[b, n]) one sequence at a time."
+        )
+    if layer.norm_kind is not None:
+        raise ConfigError(
+            f"norm={layer.norm_kind!r}: the closed form covers layers without LayerNorm. Build the "
+            "layer with norm=None, or use autograd_jacobian() for the normalised layer."
+        )
+    if layer.training and layer.dropout > 0:
+        raise ConfigError(
+            f"attention dropout={layer.dropout} is random in training mode, so the layer has no "
+            "fixed Jacobian. Call layer.eval() or build the layer with dropout=0."
+        )
+    if (
+        layer.training
+        and layer.diag == "dropout"
+        and layer.diag_p > 0
+        and x.shape[0] >= 2
+        and dropped is None
+    ):
+        raise ConfigError(
+            "diag='dropout' in training mode draws a random diagonal pattern on every call, so the "
+            "Jacobian is not defined. Pass a fixed pattern with dropped=... ([T] or [H, T] booleans) "
+            "or call layer.eval()."
+        )
+
+
+@dataclass
+class _Heads:
+    """Per-head quantities of the closed form for one input (shapes in brackets)."""
+
+    u: torch.Tensor  # [T, C] input after the positional encoding
+    alpha: torch.Tensor  # [H, T, T] attention weights (zeros where masked/dropped)
+    logits: torch.Tensor  # [H, T, T] logits s (−inf where masked/dropped)
+    q: torch.Tensor  # [H, T, d] queries (with bias)
+    k: torch.Tensor  # [H, T, d] keys (with bias)
+    M: torch.Tensor  # [H, C, C] W_O^h W_V^h
+    Wq: torch.Tensor  # [H, d, C]
+    Wk: torch.Tensor  # [H, d, C]
+    bq: torch.Tensor  # [H, d] query bias (zeros without bias)
+    z: torch.Tensor  # [H, T, C] z_m = M^h u_m
+    zbar: torch.Tensor  # [H, T, C] Σ_m α_im z_m
+    r: torch.Tensor  # [H, T, C] W_K^hᵀ q_i
+    scale: float  # 1 / sqrt(d)
+
+
+def _out_weight(layer: TemporalAttention, like: torch.Tensor) -> torch.Tensor:
+    if isinstance(layer.out_proj, nn.Linear):
+        return layer.out_proj.weight
+    return torch.eye(layer.d_model, dtype=like.dtype, device=like.device)
+
+
+def _heads(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | None) -> _Heads:
+    _check_supported(layer, x, dropped)
+    H, d, C = layer.n_heads, layer.d_head, layer.d_model
+    u = layer.pos(x)  # [T, C]
+    logits = layer.scores(u, dropped)  # [H, T, T], −inf on masked entries
+    logits = logits.expand(H, *logits.shape[-2:]) if logits.dim() == 2 else logits
+    alpha = torch.softmax(logits, dim=-1)
+    q = layer.split_heads(layer.q_proj(u))  # [H, T, d]
+    k = layer.split_heads(layer.k_proj(u))
+    Wq = layer.q_proj.weight.reshape(H, d, C)
+    Wk = layer.k_proj.weight.reshape(H, d, C)
+    Wv = layer.v_proj.weight.reshape(H, d, C)
+    Wo = _out_weight(layer, x).reshape(C, H, d).permute(1, 0, 2)  # [H, C, d]: W_O^h
+    M = Wo @ Wv  # [H, C, C]
+    bq = layer.q_proj.bias.reshape(H, d) if layer.q_proj.bias is not None else torch.zeros(H, d, dtype=x.dtype, device=x.device)
+    z = torch.einsum("hac,tc->hta", M, u)  # z_t = M u_t
+    zbar = alpha @ z  # [H, T, C]
+    r = q @ Wk  # [H, T, C]: W_Kᵀ q_i
+    return _Heads(u, alpha, logits, q, k, M, Wq, Wk, bq, z, zbar, r, 1.0 / math.sqrt(d))
+
+
+def _query_blocks(p: _Heads) -> torch.Tensor:
+    """Diagonal blocks of the query path, ``[T, C, C]``: Σ_h Σ_m α_im z_m (k_m − k̄_i)ᵀ W_Q / sqrt(d)."""
+    kbar = p.alpha @ p.k  # [H, T, d]
+    kc = p.k[:, None, :, :] - kbar[:, :, None, :]  # [H, i, m, d]: k_m − k̄_i
+    inner = torch.einsum("him,hma,himc->hiac", p.alpha, p.z, kc)  # [H, T, C, d]
+    return p.scale * torch.einsum("hiac,hcb->iab", inner, p.Wq)
+
+
+def _value_key_rows(p: _Heads, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Value and key blocks for query rows ``rows``: two tensors ``[len(rows), T, C, C]``."""
+    a = p.alpha[:, rows]  # [H, R, T]
+    value = torch.einsum("hij,hab->ijab", a, p.M)
+    dz = p.z[:, None, :, :] - p.zbar[:, rows, None, :]  # [H, R, T, C]: M (u_j − ū_i)
+    key = p.scale * torch.einsum("hij,hija,hib->ijab", a, dz, p.r[:, rows])
+    return value, key
+
+
+# ----------------------------------------------------------------------------------------
+# the decomposition and the autograd reference
+# ----------------------------------------------------------------------------------------
+@torch.no_grad()
+def decompose(
+    layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """The four paths of the Jacobian of ``layer`` at ``x``, in closed form.
+
+    Args:
+        layer: a :class:`~diagsink.attention.TemporalAttention` with ``norm=None``; any
+            number of heads, with or without biases, output projection, residual,
+            positional encoding, and any diagonal regularizer (``"dropout"`` needs either
+            eval mode or a fixed ``dropped`` pattern).
+        x: one sequence ``[T, C]``.
+        dropped: fixed boolean pattern of dropped diagonal entries (``[T]`` or ``[H, T]``)
+            for ``diag="dropout"``, exactly as in ``layer(x, dropped=...)``.
+
+    Returns:
+        ``{"residual", "value", "key", "query"}`` -> ``[T, C, T, C]`` tensors; entry
+        ``[i, :, j, :]`` is that path's block of ``∂y_i/∂x_j``. The four sum to the
+        Jacobian (see :func:`total`). ``"query"`` is zero off the diagonal blocks.
+
+    Raises:
+        ConfigError (a ``ValueError``): LayerNorm, attention dropout in training mode, or
+            random diagonal dropout without ``dropped`` -- cases without a closed form here.
+
+    Derived in ``book/jacobian.ipynb``.
+    """
+    p = _heads(layer, x, dropped)
+    T, C = x.shape
+    idx = torch.arange(T, device=x.device)
+    value, key = _value_key_rows(p, idx)  # [T, T, C, C]
+    query = torch.zeros(T, C, T, C, dtype=x.dtype, device=x.device)
+    query[idx, :, idx, :] = _query_blocks(p)
+    residual = torch.zeros_like(query)
+    if layer.residual:
+        residual[idx, :, idx, :] = torch.eye(C, dtype=x.dtype, device=x.device)
+    return {
+        "residual": residual,
+        "value": value.permute(0, 2, 1, 3),
+        "key": key.permute(0, 2, 1, 3),
+        "query": query,
+    }
+
+
+def total(paths: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum of the paths returned by :func:`decompose`: the full Jacobian ``[T, C, T, C]``."""
+    return sum(paths[name] for name in PATHS)
+
+
+def autograd_jacobian(
+    layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``∂y/∂x`` by reverse-mode autodiff (``torch.func.jacrev``): ``[T, C] -> [T, C, T, C]``.
+
+    The reference that :func:`decompose` is tested against. It differentiates whatever the
+    layer computes (also LayerNorm), so random dropout in training mode gives the Jacobian of
+    one random draw.
+    """
+    if x.dim() != 2:
+        raise ConfigError(f"x has shape {tuple(x.shape)}; pass one sequence [T, C].")
+    return torch.func.jacrev(lambda inp: layer(inp, dropped=dropped))(x)
+
+
+# ----------------------------------------------------------------------------------------
+# block norms for long sequences
+# ----------------------------------------------------------------------------------------
+def _matrix_norm(blocks: torch.Tensor, norm: str) -> torch.Tensor:
+    if norm == "spectral":
+        return torch.linalg.matrix_norm(blocks, ord=2)
+    if norm == "fro":
+        return torch.linalg.matrix_norm(blocks, ord="fro")
+    raise ConfigError(f"norm={norm!r} is not known; use 'spectral' (ord=2) or 'fro' (Frobenius).")
+
+
+@torch.no_grad()
+def block_norms(
+    layer: TemporalAttention,
+    x: torch.Tensor,
+    dropped: torch.Tensor | None = None,
+    *,
+    norm: str = "spectral",
+    rows: torch.Tensor | None = None,
+    chunk_elems: int = 2**22,
+) -> dict[str, torch.Tensor]:
+    """Norms of every ``C x C`` block of each path, without building ``[T, C, T, C]``.
+
+    Works through the query rows ``i`` in chunks of about ``chunk_elems`` numbers, so
+    ``T = 1024`` with ``C = 16`` (a 268-million-entry Jacobian) fits in a few MB.
+
+    Args:
+        layer, x, dropped: as in :func:`decompose`.
+        norm: ``"spectral"`` (largest singular value, ``matrix_norm(ord=2)``) or ``"fro"``.
+        rows: the query steps ``i`` to evaluate (default: all ``T``).
+
+    Returns:
+        ``{"residual", "value", "key", "query", "total"}`` -> ``[len(rows), T]``; entry
+        ``[r, j]`` is the norm of block ``∂y_{rows[r]}/∂x_j`` of that path.
+    """
+    p = _heads(layer, x, dropped)
+    T, C = x.shape
+    rows = torch.arange(T, device=x.device) if rows is None else torch.as_tensor(rows, device=x.device)
+    R = len(rows)
+    eye = torch.eye(C, dtype=x.dtype, device=x.device)
+    qblocks = _query_blocks(p)  # [T, C, C]
+    qnorm = _matrix_norm(qblocks, norm)
+    out = {name: torch.zeros(R, T, dtype=x.dtype, device=x.device) for name in (*PATHS, "total")}
+    ar = torch.arange(R, device=x.device)
+    out["query"][ar, rows] = qnorm[rows]
+    if layer.residual:
+        out["residual"][ar, rows] = _matrix_norm(eye, norm)
+    step = max(1, chunk_elems // max(1, T * C * C * p.alpha.shape[0]))
+    for start in range(0, R, step):
+        sl = slice(start, min(R, start + step))
+        r_idx = rows[sl]
+        value, key = _value_key_rows(p, r_idx)  # [r, T, C, C]
+        out["value"][sl] = _matrix_norm(value, norm)
+        out["key"][sl] = _matrix_norm(key, norm)
+        tot = value + key
+        local = torch.arange(len(r_idx), device=x.device)
+        tot[local, r_idx] += qblocks[r_idx] + (eye if layer.residual else 0.0)
+        out["total"][sl] = _matrix_norm(tot, norm)
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# the bounds (theorems of book/bounds.ipynb)
+# ----------------------------------------------------------------------------------------
+@dataclass
+class Bounds:
+    """Right-hand sides of the sensitivity theorems for one layer and input (spectral norms).
+
+    Attributes:
+        off: per-entry bounds on ``‖∂y_i/∂x_j‖₂`` for every ``j ≠ i``, per path and
+            ``"total"`` (theorem ``thm-offdiag`` in ``book/bounds.ipynb``).
+        off_average: bounds on the average over ``j ≠ i`` of those norms, for every ``i``
+            (theorem ``thm-offdiag-average``; needs no assumption on the logits).
+        diag: bounds on ``‖∂y_i/∂x_i‖₂`` per path and ``"total"`` (theorem ``thm-diag``).
+        diag_lower: lower bound on the smallest singular value of ``∂y_i/∂x_i`` (hence on
+            its norm) when the layer has a residual connection, else 0.
+        constants: the quantities the bounds are built from (see :func:`bound`).
+    """
+
+    off: dict[str, float]
+    off_average: dict[str, float]
+    diag: dict[str, float]
+    diag_lower: float
+    constants: dict[str, object] = field(default_factory=dict)
+
+
+def _spectral(m: torch.Tensor) -> float:
+    return float(torch.linalg.matrix_norm(m, ord=2)) if m.numel() else 0.0
+
+
+@torch.no_grad()
+def bound(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | None = None) -> Bounds:
+    """The right-hand sides of the theorems of ``book/bounds.ipynb`` at ``x`` ``[T, C]``.
+
+    With ``u = x + P`` (the input after positional encoding), head size ``d`` and, per head
+    ``h``: ``ν_h = ‖W_O^h W_V^h‖₂``, ``ρ_h = ‖W_Q^h‖₂``, ``κ_h = ‖W_K^h‖₂``, ``Q_h = ρ_h R + ‖b_Q^h‖``
+    (so ``‖q^h_i‖ ≤ Q_h``), ``R = max_j ‖u_j‖``, ``D = max_{j,m} ‖u_j − u_m‖`` (the spread),
+    ``V = min(R², D²/2)``, ``N`` = the fewest keys any row attends to (``T``; ``T − 1`` when
+    the diagonal of some row is masked or dropped), the logit spread
+    ``Δ_h = max_i (max_j s_ij − min_j s_ij)`` over the keys a row attends to (measured from
+    the layer's logits, penalty included), and ``a_h = min(1, e^{Δ_h} / N) ≥ α^h_ij``:
+
+    * off-diagonal, every ``j ≠ i``: value ``Σ_h a_h ν_h``, key ``Σ_h a_h ν_h κ_h Q_h D / sqrt(d)``,
+      residual and query 0;
+    * averaged over ``j ≠ i``: value ``Σ_h ν_h / (T − 1)``, key ``Σ_h ν_h κ_h Q_h D / sqrt(d) / (T − 1)``;
+    * diagonal: residual 1 (0 without residual), value ``Σ_h a'_h ν_h``, key
+      ``Σ_h a'_h ν_h κ_h Q_h D / sqrt(d)`` (``a'_h = 0`` when every diagonal entry is masked),
+      query ``Σ_h ν_h ρ_h κ_h V / sqrt(d)`` -- no ``α_ii`` factor;
+    * ``diag_lower = 1 − (value + key + query)`` diagonal bounds (residual layers only).
+
+    ``constants`` also holds the a-priori spread ``Δ_h ≤ Q_h κ_h D / sqrt(d) + |penalty|``,
+    which uses the weights and ``x`` only.
+    """
+    p = _heads(layer, x, dropped)
+    T = x.shape[0]
+    H = layer.n_heads
+    sqrt_d = math.sqrt(layer.d_head)
+    u = p.u
+    R = float(u.norm(dim=-1).max())
+    D = float(torch.cdist(u[None], u[None])[0].max()) if T > 1 else 0.0
+    V = min(R**2, D**2 / 2)
+    nu = [_spectral(p.M[h]) for h in range(H)]
+    rho = [_spectral(p.Wq[h]) for h in range(H)]
+    kappa = [_spectral(p.Wk[h]) for h in range(H)]
+    Qb = [rho[h] * R + float(p.bq[h].norm()) for h in range(H)]
+    finite = torch.isfinite(p.logits)
+    keys_per_row = finite.sum(-1)  # [H, T]
+    N = int(keys_per_row.min())
+    smax = p.logits.masked_fill(~finite, -math.inf).amax(-1)
+    smin = p.logits.masked_fill(~finite, math.inf).amin(-1)
+    delta = [float((smax[h] - smin[h]).max()) for h in range(H)]
+    a = [min(1.0, math.exp(delta[h]) / N) for h in range(H)]
+    diag_open = torch.isfinite(torch.diagonal(p.logits, dim1=-2, dim2=-1)).any(-1)  # [H]
+    a_diag = [a[h] if bool(diag_open[h]) else 0.0 for h in range(H)]
+    penalty = abs(layer.diag_penalty) if layer.diag == "penalty" else 0.0
+    delta_apriori = [Qb[h] * kappa[h] * D / sqrt_d + penalty for h in range(H)]
+
+    key_c = [nu[h] * kappa[h] * Qb[h] * D / sqrt_d for h in range(H)]
+    off = {
+        "residual": 0.0,
+        "value": sum(a[h] * nu[h] for h in range(H)),
+        "key": sum(a[h] * key_c[h] for h in range(H)),
+        "query": 0.0,
+    }
+    off["total"] = off["value"] + off["key"]
+    if T > 1:
+        off_average = {
+            "residual": 0.0,
+            "value": sum(nu) / (T - 1),
+            "key": sum(key_c) / (T - 1),
+            "query": 0.0,
+        }
+    else:
+        off_average = dict.fromkeys(PATHS, 0.0)
+    off_average["total"] = off_average["value"] + off_average["key"]
+    diag = {
+        "residual": 1.0 if layer.residual else 0.0,
+        "value": sum(a_diag[h] * nu[h] for h in range(H)),
+        "key": sum(a_diag[h] * key_c[h] for h in range(H)),
+        "query": sum(nu[h] * rho[h] * kappa[h] * V / sqrt_d for h in range(H)),
+    }
+    diag["total"] = sum(diag[name] for name in PATHS)
+    rest = diag["value"] + diag["key"] + diag["query"]
+    diag_lower = max(0.0, 1.0 - rest) if layer.residual else 0.0
+    constants = {
+        "T": T,
+        "N": N,
+        "d": layer.d_head,
+        "R": R,
+        "D": D,
+        "V": V,
+        "nu": nu,
+        "rho": rho,
+        "kappa": kappa,
+        "Q": Qb,
+        "delta": delta,
+        "delta_apriori": delta_apriori,
+        "alpha_max_bound": a,
+    }
+    return Bounds(off, off_average, diag, diag_lower, constants)
+
+
+# ----------------------------------------------------------------------------------------
+# layers and inputs for the sweeps
+# ----------------------------------------------------------------------------------------
+def init_layer(
+    d_model: int = 16,
+    n_heads: int = 1,
+    *,
+    qk_scale: float = 1.0,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    **layer_kwargs,
+) -> TemporalAttention:
+    """A freshly initialised layer (PyTorch's default init) in eval mode.
+
+    ``qk_scale`` multiplies ``W_Q``, ``W_K`` and their biases, so the logits scale by
+    ``qk_scale²``: a small value (e.g. 0.1) gives near-uniform attention, a large one
+    (e.g. 3) sharp attention. ``W_V`` and ``W_O`` keep the default init.
+    """
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        layer = TemporalAttention(d_model, n_heads, **layer_kwargs).to(dtype)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    with torch.no_grad():
+        for lin in (layer.q_proj, layer.k_proj):
+            lin.weight.mul_(qk_scale)
+            if lin.bias is not None:
+                lin.bias.mul_(qk_scale)
+    return layer.eval()
+
+
+def sphere_inputs(length: int, d_model: int, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+    """``[T, C]`` random directions scaled to norm ``sqrt(C)`` -- what a LayerNorm (unit gain,
+    zero shift) hands to the next block, and a bounded input set for every ``T``."""
+    g = torch.randn(length, d_model, generator=generator, dtype=dtype)
+    return g / g.norm(dim=-1, keepdim=True) * math.sqrt(d_model)
+
+
+def gaussian_inputs(length: int, d_model: int, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+    """``[T, C]`` standard normal entries (unbounded: ``max_j ‖x_j‖`` grows slowly with ``T``)."""
+    return torch.randn(length, d_model, generator=generator, dtype=dtype)
+
+
+def toy_series(
+    batch: int, length: int, d_model: int, generator: torch.Generator, dtype=torch.float32
+) -> torch.Tensor:
+    """Toy multichannel series ``[batch, length + 1, C]`` for :func:`train_toy_layer`.
+
+    Each channel is a sinusoid with a random frequency and phase plus a random level and
+    noise; the task is to predict step ``length`` from the first ``length`` steps.
+    """
+    t = torch.arange(length + 1, dtype=dtype)[None, :, None]
+    freq = 0.2 + 0.6 * torch.rand(batch, 1, d_model, generator=generator, dtype=dtype)
+    phase = 2 * math.pi * torch.rand(batch, 1, d_model, generator=generator, dtype=dtype)
+    level = torch.randn(batch, 1, d_model, generator=generator, dtype=dtype)
+    noise = 0.3 * torch.randn(batch, length + 1, d_model, generator=generator, dtype=dtype)
+    return level + torch.sin(freq * t + phase) + noise
+
+
+def train_toy_layer(
+    d_model: int = 16,
+    n_heads: int = 1,
+    *,
+    steps: int = 300,
+    length: int = 12,
+    batch: int = 64,
+    lr: float = 1e-2,
+    seed: int = 0,
+    **layer_kwargs,
+) -> tuple[TemporalAttention, list[float]]:
+    """Train a layer (plus a linear read-out) to predict the next step of :func:`toy_series`.
+
+    The read-out maps the layer's output at the last step to the next input step. Takes a
+    few seconds on a CPU for the defaults. Returns the layer (float64, eval mode) and the
+    training losses (mean squared error per step).
+    """
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    layer = TemporalAttention(d_model, n_heads, **layer_kwargs)
+    readout = nn.Linear(d_model, d_model)
+    opt = torch.optim.Adam([*layer.parameters(), *readout.parameters()], lr=lr)
+    losses = []
+    layer.train()
+    for _ in range(steps):
+        series = toy_series(batch, length, d_model, gen)
+        pred = readout(layer(series[:, :length])[:, -1])
+        loss = torch.mean((pred - series[:, length]) ** 2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return layer.double().eval(), losses
+
+
+# ----------------------------------------------------------------------------------------
+# the sweep over sequence lengths
+# ----------------------------------------------------------------------------------------
+def loglog_slope(lengths, values) -> float:
+    """Least-squares slope of ``log(values)`` against ``log(lengths)`` (NaN if any value ≤ 0)."""
+    v = np.asarray(values, dtype=float)
+    if np.any(~np.isfinite(v)) or np.any(v <= 0):
+        return float("nan")
+    return float(np.polyfit(np.log(np.asarray(lengths, dtype=float)), np.log(v), 1)[0])
+
+
+@dataclass
+class Sweep:
+    """Result of :func:`sensitivity_vs_length`.
+
+    ``mean[kind][path]`` and ``max[kind][path]`` are arrays over ``lengths`` (``kind`` is
+    ``"off"`` or ``"diag"``, ``path`` one of :data:`PATHS` or ``"total"``): the mean and the
+    largest block norm over the blocks of that kind, averaged over the samples.
+    ``bound[kind][path]`` is the per-entry bound of :func:`bound` and
+    ``bound_average[path]`` the bound on the average over ``j ≠ i`` (both averaged over
+    samples). ``slope[kind][path]`` / ``max_slope[kind][path]`` are fitted log-log slopes.
+    """
+
+    lengths: list[int]
+    norm: str
+    mean: dict[str, dict[str, np.ndarray]]
+    max: dict[str, dict[str, np.ndarray]]
+    bound: dict[str, dict[str, np.ndarray]]
+    bound_average: dict[str, np.ndarray]
+    alpha_max: np.ndarray
+    slope: dict[str, dict[str, float]]
+    max_slope: dict[str, dict[str, float]]
+    seconds: float = 0.0
+
+
+def sensitivity_vs_length(
+    lengths,
+    *,
+    layer: TemporalAttention | None = None,
+    layer_factory: Callable[[int], TemporalAttention] | None = None,
+    inputs: str | Callable[[int, torch.Generator], torch.Tensor] = "sphere",
+    n_samples: int = 2,
+    seed: int = 0,
+    norm: str = "spectral",
+    max_rows: int | None = 128,
+) -> Sweep:
+    """Mean block norms of every path, off the diagonal and on it, for each ``T`` in ``lengths``.
+
+    Args:
+        lengths: sequence lengths ``T`` (each ≥ 2).
+        layer: one fixed layer (e.g. trained weights) used for every sample.
+        layer_factory: ``seed -> layer``; sample ``s`` uses ``layer_factory(seed + s)``, the
+            same layer for every ``T``. Default: :func:`init_layer` (``C = 16``, one head).
+        inputs: ``"sphere"`` (:func:`sphere_inputs`), ``"gaussian"`` or a callable
+            ``(T, generator) -> [T, C]``.
+        n_samples: independent (layer, input) draws per length.
+        norm: ``"spectral"`` or ``"fro"`` (see :func:`block_norms`); the bounds are for
+            the spectral norm.
+        max_rows: evaluate at most this many query rows ``i`` per sequence (a random
+            subset; all rows when ``T ≤ max_rows``): an unbiased estimate of the mean over
+            blocks that keeps ``T = 1024`` affordable. ``None``: all rows.
+
+    Returns:
+        a :class:`Sweep`. Explained in ``book/bounds.ipynb``.
+    """
+    import time
+
+    start = time.perf_counter()
+    if layer is not None and layer_factory is not None:
+        raise ConfigError("pass either layer= (fixed weights) or layer_factory=, not both.")
+    lengths = [int(t) for t in lengths]
+    if any(t < 2 for t in lengths):
+        raise ConfigError(f"lengths={lengths}: every T must be ≥ 2 (off-diagonal blocks need two steps).")
+    factory = layer_factory or (lambda s: init_layer(seed=s))
+    layers = [layer] * n_samples if layer is not None else [factory(seed + s) for s in range(n_samples)]
+    C = layers[0].d_model
+    dtype = next(layers[0].parameters()).dtype
+    if inputs == "sphere":
+        make = lambda t, g: sphere_inputs(t, C, g, dtype)  # noqa: E731
+    elif inputs == "gaussian":
+        make = lambda t, g: gaussian_inputs(t, C, g, dtype)  # noqa: E731
+    elif callable(inputs):
+        make = inputs
+    else:
+        raise ConfigError(f"inputs={inputs!r}: use 'sphere', 'gaussian' or a callable (T, generator) -> [T, C].")
+    names = (*PATHS, "total")
+    mean = {k: {n: np.zeros(len(lengths)) for n in names} for k in KINDS}
+    mx = {k: {n: np.zeros(len(lengths)) for n in names} for k in KINDS}
+    bnd = {k: {n: np.zeros(len(lengths)) for n in names} for k in KINDS}
+    bavg = {n: np.zeros(len(lengths)) for n in names}
+    amax = np.zeros(len(lengths))
+    gen = torch.Generator().manual_seed(seed)
+    for li, T in enumerate(lengths):
+        for s in range(n_samples):
+            lay = layers[s]
+            x = make(T, gen).to(dtype)
+            if max_rows is not None and T > max_rows:
+                rows = torch.randperm(T, generator=gen)[:max_rows]
+            else:
+                rows = torch.arange(T)
+            norms = block_norms(lay, x, norm=norm, rows=rows)
+            is_diag = rows[:, None] == torch.arange(T)[None, :]
+            b = bound(lay, x)
+            for n in names:
+                vals = norms[n]
+                mean["off"][n][li] += float(vals[~is_diag].mean()) / n_samples
+                mean["diag"][n][li] += float(vals[is_diag].mean()) / n_samples
+                mx["off"][n][li] += float(vals[~is_diag].max()) / n_samples
+                mx["diag"][n][li] += float(vals[is_diag].max()) / n_samples
+                bnd["off"][n][li] += b.off[n] / n_samples
+                bnd["diag"][n][li] += b.diag[n] / n_samples
+                bavg[n][li] += b.off_average[n] / n_samples
+            with torch.no_grad():
+                alpha = torch.softmax(lay.scores(lay.pos(x)), dim=-1)
+            amax[li] += float(alpha.max()) / n_samples
+    slope = {k: {n: loglog_slope(lengths, mean[k][n]) for n in names} for k in KINDS}
+    max_slope = {k: {n: loglog_slope(lengths, mx[k][n]) for n in names} for k in KINDS}
+    return Sweep(lengths, norm, mean, mx, bnd, bavg, amax, slope, max_slope, time.perf_counter() - start)
