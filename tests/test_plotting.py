@@ -1,0 +1,96 @@
+"""The book's figures: right number of panels, labelled axes, the averaging in the title (diagsink/plotting.py)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from diagsink import plotting  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    yield
+    plt.close("all")
+
+
+def _maps(n, T=6):
+    return [torch.softmax(torch.randn(T, T), -1) for _ in range(n)]
+
+
+def test_use_style_sets_colour_blind_safe_defaults():
+    plotting.use_style()
+    colours = [c.upper() for c in matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]]
+    assert set(colours) == {c.upper() for c in plotting.OKABE_ITO}
+    assert matplotlib.rcParams["image.cmap"] == plotting.HEATMAP_CMAP
+
+
+def test_heatmap_labels_colourbar_and_caption():
+    ax = plotting.attention_heatmap(_maps(1)[0], how="mean over batch (4)", title="T = 6")
+    assert ax.get_xlabel().startswith("key step")
+    assert ax.get_ylabel().startswith("query step")
+    assert "mean over batch (4)" in ax.get_title() and "T = 6" in ax.get_title()
+    assert len(ax.figure.axes) == 2  # the map and its colour bar
+    assert ax.figure.axes[1].get_ylabel().startswith("attention weight")
+
+
+def test_heatmap_rejects_bad_shapes_and_missing_how():
+    with pytest.raises(ValueError, match=r"\[T, T\]"):
+        plotting.attention_heatmap(torch.ones(2, 6, 6), how="x")
+    with pytest.raises(ValueError, match=r"\[T, T\]"):
+        plotting.attention_heatmap(torch.ones(3, 4), how="x")
+    with pytest.raises(ValueError, match="how"):
+        plotting.attention_heatmap(torch.eye(3), how="")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_variant_panel_paper_order_and_scales(shared):
+    names = ["dropout", "none", "mask", "no_residual", "penalty"]  # deliberately shuffled
+    fig = plotting.variant_panel(dict(zip(names, _maps(5))), how="mean over heads (1)", shared_scale=shared)
+    heat = [ax for ax in fig.axes if ax.images and ax.get_xlabel()]
+    assert [ax.get_title() for ax in heat] == [plotting.VARIANT_LABELS[n] for n in plotting.VARIANT_ORDER]
+    assert len(fig.axes) == 5 + (1 if shared else 5)  # panels + colour bar(s)
+    assert "mean over heads (1)" in fig._suptitle.get_text()
+    if shared:
+        limits = {ax.images[0].get_clim() for ax in heat}
+        assert len(limits) == 1
+
+
+def test_variant_panel_other_names_and_bad_sizes():
+    fig = plotting.variant_panel({"x": torch.eye(4), "y": torch.eye(4)}, how="h")
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["(a) x", "(b) y"]
+    with pytest.raises(ValueError, match="different sizes"):
+        plotting.variant_panel({"x": torch.eye(4), "y": torch.eye(5)}, how="h")
+    with pytest.raises(ValueError, match=r"\[T, T\]"):
+        plotting.variant_panel({"x": torch.ones(2, 4, 4)}, how="h")
+
+
+@pytest.mark.parametrize("shape,n", [((2, 3, 5, 5), 6), ((4, 5, 5), 4)])
+def test_head_grid(shape, n):
+    fig = plotting.head_grid(torch.rand(shape), how="mean over batch (8), eval mode")
+    heat = [ax for ax in fig.axes if ax.images and not ax.get_label() == "<colorbar>"]
+    assert len(heat) == n
+    assert len(fig.axes) == n + 1
+    assert "eval mode" in fig._suptitle.get_text()
+    with pytest.raises(ValueError, match=r"\[L, H, T, T\]"):
+        plotting.head_grid(torch.rand(5, 5), how="h")
+
+
+def test_average_attention_is_explicit():
+    attn = torch.rand(4, 3, 2, 5, 5)
+    avg = plotting.average_attention(attn, axes=("batch", "nodes", "heads"), context="last block")
+    torch.testing.assert_close(avg.attn, attn.mean(dim=(0, 1, 2)))
+    assert avg.how == "mean over batch (4), nodes (3) and heads (2); last block"
+    part = plotting.average_attention(attn, axes=("batch", "nodes", "heads"), over=("batch",))
+    assert part.attn.shape == (3, 2, 5, 5) and part.how == "mean over batch (4)"
+    with pytest.raises(ValueError, match="leading axes"):
+        plotting.average_attention(attn, axes=("batch", "heads"))
+    with pytest.raises(ValueError, match="not among axes"):
+        plotting.average_attention(attn, axes=("batch", "nodes", "heads"), over=("time",))
+    with pytest.raises(ValueError, match=r"\[\*lead, T, T\]"):
+        plotting.average_attention(torch.rand(3, 4), axes=())
