@@ -27,6 +27,7 @@ __all__ = [
     "__version__",
     "exercises",
     "adjacency",
+    "baselines",
     "data",
     "metrics",
     "protocol",

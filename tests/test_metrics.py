@@ -104,3 +104,74 @@ def test_horizon_values_against_numpy(t, noise):
         assert out[f"MAE@{h}"] == pytest.approx(mae, abs=1e-12)
         assert out[f"RMSE@{h}"] == pytest.approx(rmse, abs=1e-12)
         assert out[f"MAPE@{h}"] == pytest.approx(mape, abs=1e-9)
+
+
+# ---------------------------------------------------------------- baselines
+def _calendar(days: int):
+    import pandas as pd
+
+    return pd.date_range("2012-03-01", periods=days * 288, freq="5min")  # starts on a Thursday
+
+
+def test_historical_average_table_by_hand():
+    from diagsink import baselines as B
+
+    ts = _calendar(8)
+    rng = np.random.default_rng(0)
+    speed = rng.uniform(20, 70, size=(len(ts), 3))
+    speed[rng.random(speed.shape) < 0.1] = 0.0
+    end = 7 * 288
+    table = B.historical_average_table(speed, ts, end)
+    assert table.shape == (3, 288, 2)
+    # sensor 1, slot 100 (08:20), weekdays: the mean of its non-zero training values
+    sel = (ts[:end].hour * 60 + ts[:end].minute == 500) & (ts[:end].day_of_week < 5)
+    vals = speed[:end][np.asarray(sel), 1]
+    assert table[1, 100, 0] == pytest.approx(vals[vals != 0].mean())
+    wk = (ts[:end].hour * 60 + ts[:end].minute == 500) & (ts[:end].day_of_week >= 5)
+    vals = speed[:end][np.asarray(wk), 2]
+    assert table[2, 100, 1] == pytest.approx(vals[vals != 0].mean())
+    # an empty cell falls back to the slot pooled over both day types
+    speed2 = speed.copy()
+    speed2[:end][np.asarray(wk), 2] = 0.0
+    t2 = B.historical_average_table(speed2, ts, end)
+    both = (ts[:end].hour * 60 + ts[:end].minute == 500)
+    vals = speed2[:end][np.asarray(both), 2]
+    assert t2[2, 100, 1] == pytest.approx(vals[vals != 0].mean())
+
+
+def test_historical_average_forecast_looks_up_target_times():
+    from diagsink import baselines as B
+
+    ts = _calendar(3)
+    table = np.arange(2 * 288 * 2, dtype=float).reshape(2, 288, 2)
+    pred = B.historical_average(table, ts, torch.tensor([0, 300]), 12, 12)
+    assert pred.shape == (2, 12, 2)
+    assert pred[0, 0, 1] == table[1, 12, 0]  # window 0: first target is step 12 = 01:00 Thursday
+    assert pred[1, 11, 0] == table[0, (300 + 23) % 288, 0]  # Friday
+
+
+def test_last_value_copies_the_present_and_fills_gaps():
+    from diagsink import baselines as B
+
+    speed = np.array([[10.0, 1.0], [20.0, 2.0], [0.0, 3.0], [40.0, 0.0], [50.0, 5.0]])
+    pred = B.last_value(speed, torch.tensor([0, 1]), t_in=2, t_out=3)
+    assert pred.shape == (2, 3, 2)
+    np.testing.assert_array_equal(pred[0], [[20.0, 2.0]] * 3)
+    np.testing.assert_array_equal(pred[1], [[20.0, 3.0]] * 3)  # step 2 of sensor 0 is missing: filled with 20
+    raw = B.last_value(speed, torch.tensor([1]), t_in=2, t_out=3, fill=False)
+    np.testing.assert_array_equal(raw[0], [[0.0, 3.0]] * 3)
+
+
+def test_baseline_table_on_a_periodic_series():
+    from diagsink import baselines as B
+    from diagsink import protocol as P
+
+    ts = _calendar(14)
+    day = 60 - 10 * np.sin(np.arange(288) / 288 * 2 * np.pi)
+    speed = np.tile(day, 14)[:, None] * np.array([1.0, 0.9])[None, :]
+    out = B.baseline_table(speed, ts, P.split_windows(len(ts)))
+    # a series that repeats every day is forecast exactly by the historical average (weekday and
+    # weekend profiles are identical here) and not by copying the present
+    assert out.loc["historical average", "MAE@12"] == pytest.approx(0.0, abs=1e-9)
+    assert out.loc["last value (copy the present)", "MAE@12"] > 0.5
+    assert out.loc["last value (copy the present)", "MAE@3"] < out.loc["last value (copy the present)", "MAE@12"]
