@@ -14,7 +14,7 @@ Tensor shapes follow ``[batch, time, nodes, channels]`` for traffic data and
 from __future__ import annotations
 
 from . import exercises
-from . import adjacency, data, metrics, protocol  # METR-LA: book/metr_la.ipynb
+from . import adjacency, baselines, data, metrics, protocol  # METR-LA: book/metr_la.ipynb
 from . import jacobian  # the Jacobian and its bounds: book/jacobian.ipynb, book/bounds.ipynb
 from .attention import DIAG_OPTIONS, TemporalAttention, diagonal_bias
 from .errors import ConfigError, DataError, DiagsinkError
