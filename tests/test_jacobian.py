@@ -260,3 +260,76 @@ def test_train_toy_layer_learns():
     layer, losses = J.train_toy_layer(steps=60, d_model=8)
     assert sum(losses[-10:]) / 10 < 0.6 * sum(losses[:10]) / 10
     assert not layer.training and next(layer.parameters()).dtype == torch.float64
+
+
+# ----------------------------------------------------------------------------------------
+# exercise checks (diagsink/exercises/jacobian.py and bounds.py)
+# ----------------------------------------------------------------------------------------
+def _ref_softmax_jacobian(alpha):
+    return torch.diag(alpha) - torch.outer(alpha, alpha)
+
+
+def _ref_query_blocks(x, W_Q, W_K, W_V):
+    T = x.shape[0]
+    paths = J.decompose(ds.exercises.jacobian.one_head_layer(W_Q, W_K, W_V), x)
+    return paths["query"][torch.arange(T), :, torch.arange(T), :]
+
+
+def _ref_key_path(x, W_Q, W_K, W_V):
+    return J.decompose(ds.exercises.jacobian.one_head_layer(W_Q, W_K, W_V), x)["key"]
+
+
+def _ref_alpha_bound(scores):
+    finite = torch.isfinite(scores)
+    spread = scores.masked_fill(~finite, -math.inf).amax(-1) - scores.masked_fill(~finite, math.inf).amin(-1)
+    return torch.exp(spread) / finite.sum(-1)
+
+
+def _ref_offdiag(x, W_Q, W_K, W_V):
+    return J.bound(ds.exercises.jacobian.one_head_layer(W_Q, W_K, W_V), x).off["total"]
+
+
+def _ref_slope(lengths, values):
+    import numpy as np
+
+    return float(np.polyfit(np.log(lengths), np.log(values), 1)[0])
+
+
+def _uncentred_query(x, W_Q, W_K, W_V):
+    d = x.shape[1]
+    q, k, z = x @ W_Q.T, x @ W_K.T, x @ W_V.T
+    alpha = torch.softmax(q @ k.T / d**0.5, dim=-1)
+    return torch.einsum("im,ma,mc,cb->iab", alpha, z, k, W_Q) / d**0.5
+
+
+def _end_point_slope(lengths, values):
+    return (math.log(values[-1]) - math.log(values[0])) / (math.log(lengths[-1]) - math.log(lengths[0]))
+
+
+CHECKS = {
+    "ex-jacobian-softmax": (_ref_softmax_jacobian, [(lambda a: torch.diag(a), "missing"),
+                                                    (lambda a: torch.diag(a) - torch.outer(a, a).T * 2, "")]),
+    "ex-jacobian-query": (_ref_query_blocks, [(_uncentred_query, "centre the keys"),
+                                              (lambda *a: J.decompose(ds.exercises.jacobian.one_head_layer(*a[1:]), a[0])["query"], "diagonal blocks")]),
+    "ex-jacobian-key": (_ref_key_path, [(lambda *a: _ref_key_path(*a) + J.decompose(ds.exercises.jacobian.one_head_layer(*a[1:]), a[0])["value"], "value path"),
+                                        (lambda *a: 2 * _ref_key_path(*a), "factor")]),
+    "ex-bounds-alpha": (_ref_alpha_bound, [(lambda s: _ref_alpha_bound(s) * torch.isfinite(s).sum(-1) / s.shape[-1], "number of keys"),
+                                           (lambda s: torch.exp(s.max(-1).values - s.min(-1).values) / s.shape[-1], "")]),
+    "ex-bounds-offdiag": (_ref_offdiag, [(lambda *a: J.bound(ds.exercises.jacobian.one_head_layer(*a[1:]), a[0]).off["value"], "value path only")]),
+    "ex-bounds-slope": (_ref_slope, [(_end_point_slope, "end points")]),
+}
+
+
+@pytest.mark.parametrize("label", sorted(CHECKS))
+def test_exercise_reference_passes_and_typical_mistakes_get_hints(label, capsys):
+    reference, wrong_answers = CHECKS[label]
+    assert ds.exercises.check(label, reference, strict=True).passed
+    for wrong, hint_part in wrong_answers:
+        result = ds.exercises.check(label, wrong)
+        assert not result.passed, label
+        assert hint_part in result.message, result.message
+
+
+def test_exercise_labels_are_registered():
+    labels = set(ds.exercises.labels())
+    assert set(CHECKS) <= labels
