@@ -1,0 +1,176 @@
+"""Result artifacts: one JSON file per training run, with its provenance and a checksum inside.
+
+A run of :func:`diagsink.train.train_run` writes ``<out>/<protocol>/<variant>_seed<k>.json``
+(and, when small, the trained ``state_dict`` as ``<variant>_seed<k>.pt``). The JSON holds:
+
+* ``metrics``: masked MAE/RMSE/MAPE at horizons 3, 6, 12 and over all 12 steps (``@mean``);
+* ``best_epoch``, ``epochs_run``, ``stopped``, ``history`` (per-epoch train/val MAE), ``wall_time_s``;
+* ``attention``: the last block's attention ``mean`` ``[T, T]`` and ``per_head`` ``[H, T, T]``
+  and a sentence saying how it was averaged;
+* ``provenance``: git commit, the full config and its hash, the data file, its sha256,
+  number of steps and whether it is the full data set, device, torch version, UTC date, seed;
+* ``checksum``: sha256 of the canonical JSON of everything else, so an edited file is detected.
+
+Files are written atomically (:func:`diagsink._io.atomic_write_text`). The results chapter
+(``book/results.ipynb``) loads them with :func:`load_results`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ._io import atomic_write_text
+from .errors import DiagsinkError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "METRIC_KEYS",
+    "ArtifactError",
+    "checksum",
+    "write_artifact",
+    "validate_artifact",
+    "load_artifact",
+    "load_results",
+]
+
+SCHEMA_VERSION = 1
+METRIC_KEYS: tuple[str, ...] = tuple(
+    f"{m}@{h}" for h in ("3", "6", "12", "mean") for m in ("MAE", "RMSE", "MAPE")
+)
+_PROVENANCE_KEYS = ("git_commit", "config", "config_hash", "data", "device", "torch", "date_utc", "seed")
+_DATA_KEYS = ("file", "sha256", "n_steps", "full")
+_TOP_KEYS = {
+    "schema_version": int,
+    "protocol": str,
+    "variant": str,
+    "seed": int,
+    "metrics": dict,
+    "best_epoch": int,
+    "epochs_run": int,
+    "stopped": str,
+    "history": list,
+    "wall_time_s": (int, float),
+    "attention": dict,
+    "state_dict": dict,
+    "provenance": dict,
+    "checksum": str,
+}
+
+
+class ArtifactError(DiagsinkError):
+    """A result artifact is missing fields, malformed, or its checksum does not match."""
+
+
+def _canonical(obj: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in obj.items() if k != "checksum" and not k.startswith("_")}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def checksum(artifact: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of ``artifact`` without its ``checksum`` field."""
+    return hashlib.sha256(_canonical(artifact)).hexdigest()
+
+
+def _square(m: Any, size: int | None = None) -> int:
+    if not (isinstance(m, list) and m and all(isinstance(r, list) and len(r) == len(m) for r in m)):
+        raise ArtifactError("attention maps must be square lists of lists [T][T].")
+    if size is not None and len(m) != size:
+        raise ArtifactError(f"attention map has {len(m)} rows, expected {size}.")
+    for row in m:
+        if not all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in row):
+            raise ArtifactError("attention weights must be numbers in [0, 1].")
+        if abs(sum(row) - 1) > 1e-3:
+            raise ArtifactError(f"an attention row sums to {sum(row):.4f}, not 1.")
+    return len(m)
+
+
+def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[str, Any]:
+    """Check fields, types, value ranges and (``check_sum``) the checksum. Returns ``art``.
+
+    Raises:
+        ArtifactError: naming the first problem found.
+    """
+    from .model import VARIANTS
+
+    if not isinstance(art, dict):
+        raise ArtifactError("an artifact is a JSON object.")
+    for key, kind in _TOP_KEYS.items():
+        if key not in art:
+            raise ArtifactError(f"artifact field {key!r} is missing; rerun the training command to regenerate it.")
+        if not isinstance(art[key], kind) or isinstance(art[key], bool):
+            raise ArtifactError(f"artifact field {key!r} has type {type(art[key]).__name__}.")
+    if art["schema_version"] != SCHEMA_VERSION:
+        raise ArtifactError(f"schema_version {art['schema_version']} is not {SCHEMA_VERSION}; regenerate the artifact.")
+    if art["variant"] not in VARIANTS:
+        raise ArtifactError(f"variant {art['variant']!r} is not one of {VARIANTS}.")
+    for key in METRIC_KEYS:
+        v = art["metrics"].get(key)
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise ArtifactError(f"metric {key} = {v!r} is missing or not a finite non-negative number.")
+    if not 0 <= art["best_epoch"] < art["epochs_run"] or len(art["history"]) != art["epochs_run"]:
+        raise ArtifactError("best_epoch / epochs_run / history disagree.")
+    prov = art["provenance"]
+    for key in _PROVENANCE_KEYS:
+        if key not in prov:
+            raise ArtifactError(f"provenance field {key!r} is missing.")
+    for key in _DATA_KEYS:
+        if key not in prov["data"]:
+            raise ArtifactError(f"provenance.data field {key!r} is missing.")
+    if prov["seed"] != art["seed"] or prov["config"].get("protocol") != art["protocol"]:
+        raise ArtifactError("provenance seed/protocol disagree with the artifact's.")
+    from .config import config_hash
+
+    if config_hash(prov["config"]) != prov["config_hash"]:
+        raise ArtifactError("provenance.config_hash does not match provenance.config.")
+    att = art["attention"]
+    t = _square(att.get("mean"))
+    heads = att.get("per_head")
+    if not isinstance(heads, list) or len(heads) != prov["config"]["model"]["n_heads"]:
+        raise ArtifactError("attention.per_head must hold one [T][T] map per head.")
+    for h in heads:
+        _square(h, t)
+    if not isinstance(att.get("how"), str):
+        raise ArtifactError("attention.how (how the maps were averaged) is missing.")
+    if check_sum and checksum(art) != art["checksum"]:
+        raise ArtifactError("checksum mismatch: the artifact was edited or corrupted; regenerate it.")
+    return art
+
+
+def write_artifact(path: str | Path, artifact: dict[str, Any]) -> Path:
+    """Add the checksum, validate, and write ``artifact`` atomically as JSON."""
+    art = {k: v for k, v in artifact.items() if not k.startswith("_")}
+    art["checksum"] = checksum(art)
+    validate_artifact(art)
+    return atomic_write_text(path, json.dumps(art, indent=1, sort_keys=True, allow_nan=False) + "\n")
+
+
+def load_artifact(path: str | Path) -> dict[str, Any]:
+    """Read and validate one artifact (raises :class:`ArtifactError` when invalid)."""
+    path = Path(path)
+    try:
+        art = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"cannot read artifact {path}: {exc}") from exc
+    try:
+        return validate_artifact(art)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{path}: {exc}") from exc
+
+
+def load_results(folder: str | Path) -> list[dict[str, Any]]:
+    """Every valid artifact ``*.json`` in ``folder`` (sorted by variant, seed)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ArtifactError(
+            f"no results folder {folder}; run `diagsink reproduce --protocol <name>` to create it."
+        )
+    arts = [load_artifact(p) for p in sorted(folder.glob("*.json"))]
+    if not arts:
+        raise ArtifactError(f"{folder} holds no artifacts; run `diagsink reproduce` first.")
+    from .model import VARIANTS
+
+    return sorted(arts, key=lambda a: (VARIANTS.index(a["variant"]), a["seed"]))

@@ -1,0 +1,179 @@
+"""Training protocols as YAML files: load, validate, override, hash.
+
+A *protocol* fixes everything about a run except the variant and the seed: model size,
+optimiser, schedule, early stopping, data split. Three ship with the package
+(``diagsink/configs/<name>.yaml``):
+
+* ``paper``: the released configuration of the paper (12 blocks, d = 72, 8 heads, ...);
+* ``book``: smaller, sized for all five variants x 4 seeds within 10 minutes on one H200;
+* ``quick``: a tiny model for 2 CPU cores (CI, readers without a GPU).
+
+:func:`load_config` returns a plain nested ``dict``; a misspelt key, a missing key or an
+unknown protocol raises :class:`~diagsink.errors.ConfigError` naming the key and the allowed
+ones. Explained in the chapter "The T&S model and its training loop" (``book/model.ipynb``).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+__all__ = ["PROTOCOLS", "SCHEMA", "load_config", "validate_config", "override", "config_hash"]
+
+PROTOCOLS: tuple[str, ...] = ("paper", "book", "quick")
+
+_NUM = (int, float)
+#: key -> type (or nested schema). ``None`` in a tuple means the value may be null.
+SCHEMA: dict[str, Any] = {
+    "protocol": str,
+    "description": str,
+    "model": {
+        "d_model": int,
+        "n_heads": int,
+        "depth": int,
+        "dropout": _NUM,
+        "pos_encoding": (str, type(None)),
+        "graph_order": int,
+        "adaptive_adjacency": bool,
+        "node_embed_dim": int,
+        "t_in": int,
+        "t_out": int,
+    },
+    "regularizers": {"diag_p": _NUM, "diag_penalty": _NUM},
+    "train": {
+        "epochs": int,
+        "batch_size": int,
+        "eval_batch_size": int,
+        "lr": _NUM,
+        "min_lr": _NUM,
+        "warmup_epochs": int,
+        "weight_decay": _NUM,
+        "clip": _NUM,
+        "patience": int,
+        "min_delta": _NUM,
+        "max_train_windows": (int, type(None)),
+        "time_limit_s": (*_NUM, type(None)),
+    },
+    "data": {"split_order": str, "ratios": list},
+    "seeds": int,
+}
+
+
+def _check(cfg: Any, schema: dict[str, Any], where: str) -> None:
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where or 'the config'} must be a mapping with keys {sorted(schema)}.")
+    unknown = sorted(set(cfg) - set(schema))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {where + '.' if where else ''}{unknown[0]!s}: allowed keys here are "
+            f"{', '.join(sorted(schema))} (check the spelling)."
+        )
+    missing = sorted(set(schema) - set(cfg))
+    if missing:
+        raise ConfigError(
+            f"config key {where + '.' if where else ''}{missing[0]} is missing; every protocol sets "
+            f"{', '.join(sorted(schema))}."
+        )
+    for key, kind in schema.items():
+        name = f"{where}.{key}" if where else key
+        value = cfg[key]
+        if isinstance(kind, dict):
+            _check(value, kind, name)
+            continue
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        if not ok:
+            names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise ConfigError(f"config key {name} = {value!r} must be {names}.")
+
+
+def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Check keys, types and ranges; return ``cfg`` unchanged. Raises :class:`ConfigError`."""
+    from .attention import DIAG_OPTIONS  # noqa: F401  (documents where the options come from)
+    from .positional import POSITIONAL_OPTIONS
+
+    _check(cfg, SCHEMA, "")
+    m, t, r, d = cfg["model"], cfg["train"], cfg["regularizers"], cfg["data"]
+    if cfg["protocol"] not in PROTOCOLS and not cfg["protocol"].startswith("custom"):
+        raise ConfigError(
+            f"protocol {cfg['protocol']!r} is not known; choose one of {', '.join(PROTOCOLS)} "
+            "(or name your own file's protocol 'custom-...')."
+        )
+    for key in ("d_model", "n_heads", "depth", "graph_order", "node_embed_dim", "t_in", "t_out"):
+        if m[key] < 1:
+            raise ConfigError(f"config key model.{key} = {m[key]} must be >= 1.")
+    if m["d_model"] % m["n_heads"]:
+        raise ConfigError(f"model.d_model = {m['d_model']} must be divisible by model.n_heads = {m['n_heads']}.")
+    if m["pos_encoding"] not in POSITIONAL_OPTIONS:
+        raise ConfigError(f"model.pos_encoding = {m['pos_encoding']!r}; allowed: {POSITIONAL_OPTIONS}.")
+    if not 0 <= m["dropout"] < 1 or not 0 <= r["diag_p"] < 1:
+        raise ConfigError("model.dropout and regularizers.diag_p must be probabilities in [0, 1).")
+    if not math.isfinite(r["diag_penalty"]):
+        raise ConfigError("regularizers.diag_penalty must be finite.")
+    for key in ("epochs", "batch_size", "eval_batch_size"):
+        if t[key] < 1:
+            raise ConfigError(f"config key train.{key} = {t[key]} must be >= 1.")
+    if not 0 < t["min_lr"] <= t["lr"]:
+        raise ConfigError(f"need 0 < train.min_lr <= train.lr; got {t['min_lr']} and {t['lr']}.")
+    if not 0 <= t["warmup_epochs"] < t["epochs"]:
+        raise ConfigError(f"train.warmup_epochs = {t['warmup_epochs']} must be in [0, train.epochs).")
+    if t["max_train_windows"] is not None and t["max_train_windows"] < 1:
+        raise ConfigError("train.max_train_windows must be null (all windows) or >= 1.")
+    if t["time_limit_s"] is not None and t["time_limit_s"] <= 0:
+        raise ConfigError("train.time_limit_s must be null (no limit) or > 0 seconds.")
+    if d["split_order"] not in ("dcrnn", "split-first"):
+        raise ConfigError(f"data.split_order = {d['split_order']!r}; allowed: dcrnn, split-first.")
+    if len(d["ratios"]) != 3 or abs(sum(d["ratios"]) - 1) > 1e-9:
+        raise ConfigError(f"data.ratios = {d['ratios']} must be three fractions (train, val, test) summing to 1.")
+    if cfg["seeds"] < 1:
+        raise ConfigError("seeds must be >= 1.")
+    return cfg
+
+
+def load_config(protocol: str | Path) -> dict[str, Any]:
+    """Load and validate a protocol by name (``"paper"``, ``"book"``, ``"quick"``) or from a YAML path."""
+    text: str
+    if isinstance(protocol, Path) or str(protocol).endswith((".yaml", ".yml")):
+        path = Path(protocol)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; pass one of {', '.join(PROTOCOLS)} or a YAML path.")
+        text = path.read_text(encoding="utf-8")
+    else:
+        if protocol not in PROTOCOLS:
+            raise ConfigError(f"protocol {protocol!r} is not known; choose one of {', '.join(PROTOCOLS)}.")
+        text = resources.files("diagsink").joinpath("configs", f"{protocol}.yaml").read_text(encoding="utf-8")
+    try:
+        cfg = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {protocol} is not valid YAML: {exc}") from exc
+    return validate_config(cfg)
+
+
+def override(cfg: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A validated copy of ``cfg`` with dotted keys replaced, e.g. ``{"train.epochs": 2}``."""
+    out = copy.deepcopy(cfg)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node, schema = out, SCHEMA
+        for p in parents:
+            if p not in schema or not isinstance(schema[p], dict):
+                raise ConfigError(f"unknown config section {p!r} in {dotted!r}; sections: model, regularizers, train, data.")
+            node, schema = node[p], schema[p]
+        if leaf not in schema:
+            raise ConfigError(f"unknown config key {dotted!r}; allowed here: {', '.join(sorted(schema))}.")
+        node[leaf] = value
+    return validate_config(out)
+
+
+def config_hash(cfg: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of ``cfg`` (sorted keys): equal configs, equal hashes."""
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

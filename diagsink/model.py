@@ -1,0 +1,198 @@
+"""The paper's "T&S" model: temporal attention then a graph convolution, stacked.
+
+Input ``x`` ``[batch, time, nodes, 2]`` holds the scaled speed (channel 0) and the time of
+day in ``[0, 1)`` (channel 1) of ``T_in = 12`` steps; the output ``[batch, T_out, nodes]`` is
+the predicted speed (unscaled, mph) for the next ``T_out = 12`` steps. One block::
+
+    h  = x + tod_emb                                    time of day, added as a bias in every block
+    h  = LayerNorm(h + TemporalAttention(h))            per sensor, over time (post-norm; variant (a)
+                                                        drops this residual)
+    x' = LayerNorm(h + DiffusionGraphConv(h))           per time step, over sensors
+
+The speed enters through ``Linear(1 -> C)`` plus a tAPE positional table (added once);
+the time of day through ``Linear(1 -> C)``. The head concatenates the last block's output
+with the raw time of day, maps it per step with ``Linear(C + 1 -> 1)``, then mixes the 12
+input steps into the 12 output steps with ``Linear(T_in -> T_out)``: a direct
+(non-autoregressive) multi-step forecast in which each future step is a learned
+combination of the per-step read-outs. This follows the released model's head; it is
+cheap and lets every horizon see every input step.
+
+The five variants of the paper (:data:`VARIANTS`) differ only in the arguments of
+:class:`diagsink.TemporalAttention`. Explained in the chapter "The T&S model and its
+training loop" (``book/model.ipynb``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .attention import TemporalAttention
+from .errors import ConfigError
+from .graphconv import DiffusionGraphConv
+from .positional import PositionalEncoding
+
+__all__ = ["VARIANTS", "VARIANT_LABELS", "variant_attention_kwargs", "TSBlock", "TSModel"]
+
+#: The paper's five variants, in the order of its table.
+VARIANTS: tuple[str, ...] = ("no_residual", "none", "mask", "dropout", "penalty")
+
+#: Labels as the paper's table prints them.
+VARIANT_LABELS: dict[str, str] = {
+    "no_residual": "(a) no residual",
+    "none": "(b) no regularization",
+    "mask": "(c) full diagonal mask",
+    "dropout": "(d) diagonal dropout",
+    "penalty": "(e) diagonal penalty",
+}
+
+
+def variant_attention_kwargs(variant: str, *, diag_p: float = 0.2, diag_penalty: float = -0.1) -> dict[str, Any]:
+    """The :class:`TemporalAttention` arguments of one variant.
+
+    ``no_residual`` -> ``residual=False`` (no regularizer); ``none`` -> nothing;
+    ``mask`` -> ``diag="mask"``; ``dropout`` -> ``diag="dropout", diag_p``;
+    ``penalty`` -> ``diag="penalty", diag_penalty``.
+    """
+    table: dict[str, dict[str, Any]] = {
+        "no_residual": {"residual": False, "diag": None},
+        "none": {"residual": True, "diag": None},
+        "mask": {"residual": True, "diag": "mask"},
+        "dropout": {"residual": True, "diag": "dropout", "diag_p": diag_p},
+        "penalty": {"residual": True, "diag": "penalty", "diag_penalty": diag_penalty},
+    }
+    if variant not in table:
+        raise ConfigError(f"variant {variant!r} is not known; choose one of {', '.join(VARIANTS)}.")
+    return dict(table[variant])
+
+
+class TSBlock(nn.Module):
+    """One T&S block: temporal attention (+ residual, LayerNorm), then graph conv (+ residual, LayerNorm).
+
+    Args:
+        d_model, n_heads, dropout: of the attention layer (``dropout`` = attention dropout,
+            also used after the graph convolution).
+        supports, order, adaptive, n_nodes, embed_dim: of :class:`DiffusionGraphConv`.
+        attention_kwargs: the variant's arguments (:func:`variant_attention_kwargs`).
+
+    Shapes:
+        ``x``, ``tod``: ``[B, T, N, C]`` -> ``[B, T, N, C]``; attention ``[B, N, H, T, T]``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        supports: Sequence[torch.Tensor],
+        *,
+        order: int = 2,
+        adaptive: bool = True,
+        n_nodes: int | None = None,
+        embed_dim: int = 10,
+        dropout: float = 0.0,
+        attention_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.attn = TemporalAttention(d_model, n_heads, dropout=dropout, norm="post", **(attention_kwargs or {}))
+        self.gconv = DiffusionGraphConv(
+            d_model, supports, order=order, adaptive=adaptive, n_nodes=n_nodes, embed_dim=embed_dim, dropout=dropout
+        )
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(
+        self, x: torch.Tensor, tod: torch.Tensor, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        h = (x + tod).transpose(1, 2)  # [B, N, T, C]: each sensor's sequence, time second-to-last
+        if return_attention:
+            h, attn = self.attn(h, return_attention=True)
+        else:
+            h, attn = self.attn(h), None
+        h = h.transpose(1, 2)  # back to [B, T, N, C]
+        y = self.norm(h + self.gconv(h))
+        return (y, attn) if return_attention else y
+
+
+class TSModel(nn.Module):
+    """The stacked T&S forecaster.
+
+    Args:
+        n_nodes: sensors ``N``.
+        supports: fixed ``[N, N]`` diffusion supports (forward and backward random walks).
+        variant: one of :data:`VARIANTS`.
+        d_model, n_heads, depth, dropout: width, heads, number of blocks, dropout.
+        pos_encoding: added once to the speed embedding (``"tape"`` in the paper).
+        order, adaptive, embed_dim: graph convolution settings.
+        t_in, t_out: input and output steps.
+        diag_p, diag_penalty: the regularizers' constants.
+        speed_mean, speed_std: the scaler; the output is ``head * std + mean`` (mph).
+
+    Shapes:
+        ``x``: ``[B, T_in, N, 2]`` (scaled speed, time of day) -> ``[B, T_out, N]`` (mph).
+    """
+
+    def __init__(
+        self,
+        n_nodes: int,
+        supports: Sequence[torch.Tensor],
+        *,
+        variant: str = "none",
+        d_model: int = 72,
+        n_heads: int = 8,
+        depth: int = 12,
+        dropout: float = 0.1,
+        pos_encoding: str | None = "tape",
+        order: int = 2,
+        adaptive: bool = True,
+        embed_dim: int = 10,
+        t_in: int = 12,
+        t_out: int = 12,
+        diag_p: float = 0.2,
+        diag_penalty: float = -0.1,
+        speed_mean: float = 0.0,
+        speed_std: float = 1.0,
+    ) -> None:
+        super().__init__()
+        kwargs = variant_attention_kwargs(variant, diag_p=diag_p, diag_penalty=diag_penalty)
+        self.variant = variant
+        self.n_nodes, self.t_in, self.t_out = n_nodes, t_in, t_out
+        self.speed_embed = nn.Linear(1, d_model)
+        self.tod_embed = nn.Linear(1, d_model)
+        self.pos = PositionalEncoding(pos_encoding, d_model, max_len=max(t_in, 16))
+        self.blocks = nn.ModuleList(
+            TSBlock(
+                d_model, n_heads, supports, order=order, adaptive=adaptive, n_nodes=n_nodes,
+                embed_dim=embed_dim, dropout=dropout, attention_kwargs=kwargs,
+            )
+            for _ in range(depth)
+        )
+        self.readout = nn.Linear(d_model + 1, 1)  # per step: [h, time of day] -> one number
+        self.time_mix = nn.Linear(t_in, t_out)  # 12 input steps -> 12 forecast steps
+        self.register_buffer("speed_mean", torch.tensor(float(speed_mean)))
+        self.register_buffer("speed_std", torch.tensor(float(speed_std)))
+
+    def forward(
+        self, x: torch.Tensor, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Forecast; with ``return_attention`` also the last block's attention ``[B, N, H, T, T]``."""
+        if x.dim() != 4 or x.shape[1] != self.t_in or x.shape[2] != self.n_nodes or x.shape[3] != 2:
+            raise ValueError(
+                f"x has shape {tuple(x.shape)}; TSModel expects [batch, T_in={self.t_in}, nodes={self.n_nodes}, 2] "
+                "holding (scaled speed, time of day)."
+            )
+        speed, tod_raw = x[..., :1], x[..., 1:]
+        # tAPE is a [T, C] table over time: apply it with time on the second-to-last axis.
+        h = self.pos(self.speed_embed(speed).transpose(1, 2)).transpose(1, 2)  # [B, T, N, C]
+        tod = self.tod_embed(tod_raw)  # [B, T, N, C]
+        attn = None
+        for i, block in enumerate(self.blocks):
+            if return_attention and i == len(self.blocks) - 1:
+                h, attn = block(h, tod, return_attention=True)
+            else:
+                h = block(h, tod)
+        z = self.readout(torch.cat([h, tod_raw], dim=-1)).squeeze(-1)  # [B, T_in, N]
+        z = self.time_mix(z.transpose(1, 2)).transpose(1, 2)  # [B, T_out, N]
+        y = z * self.speed_std + self.speed_mean
+        return (y, attn) if return_attention else y

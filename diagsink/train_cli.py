@@ -1,0 +1,88 @@
+"""Commands ``diagsink train`` and ``diagsink reproduce`` (registered in :mod:`diagsink.cli`).
+
+    diagsink train --variant penalty --protocol quick --seed 0 [--device cuda] [--out DIR]
+    diagsink reproduce --protocol book --seeds 4 [--device cuda] [--out DIR]
+
+Artifacts go to ``DIR/<protocol>/<variant>_seed<k>.json`` (default ``DIR = book/results``);
+no path can leave ``DIR``. ``reproduce`` trains every variant for seeds ``0..seeds-1`` and
+skips runs whose valid artifact with the same config already exists, so rerunning it after an
+interruption finishes the missing runs (an interrupted run resumes from its checkpoint).
+The engine is :mod:`diagsink.train`; see ``book/model.ipynb`` and ``book/results.ipynb``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .config import PROTOCOLS
+from .model import VARIANTS
+
+__all__ = ["add_commands"]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--protocol", default="quick", help=f"one of {', '.join(PROTOCOLS)} or a YAML file (default quick)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: DIAGSINK_DEVICE, else cuda if available)")
+    p.add_argument("--out", default="book/results", help="results folder (default book/results)")
+    p.add_argument("--data", default=None, help="METR-LA folder (default: DIAGSINK_DATA)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("seeds are non-negative integers")
+    return value
+
+
+def _data(args: argparse.Namespace):
+    from .data import load_metr_la
+
+    return load_metr_la(args.data)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .train import run_paths, train_run
+
+    cfg = load_config(args.protocol)
+    art = train_run(cfg, args.variant, args.seed, data=_data(args), device=args.device, out_dir=args.out,
+                    progress=not args.no_progress)
+    path = run_paths(args.out, cfg["protocol"], args.variant, args.seed)["json"]
+    m = art["metrics"]
+    print(f"{args.variant} seed {args.seed}: MAE@3 {m['MAE@3']:.3f}  MAE@6 {m['MAE@6']:.3f}  MAE@12 {m['MAE@12']:.3f}  "
+          f"(best epoch {art['best_epoch']}, {art['epochs_run']} epochs, {art['wall_time_s']:.1f} s) -> {path}")
+    return 0
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .train import reproduce
+
+    cfg = load_config(args.protocol)
+    seeds = args.seeds if args.seeds is not None else cfg["seeds"]
+    if seeds < 1:
+        raise ValueError("--seeds must be at least 1.")
+    variants = tuple(args.variants.split(",")) if args.variants else VARIANTS
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise ValueError(f"unknown variant {bad[0]!r}; choose from {', '.join(VARIANTS)}.")
+    paths = reproduce(cfg, seeds, variants=variants, device=args.device, out_dir=args.out, data=_data(args),
+                      progress=not args.no_progress)
+    print(f"{len(paths)} artifacts in {args.out}/{cfg['protocol']}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``train`` and ``reproduce``."""
+    p = sub.add_parser("train", help="train one variant with one seed and write its result artifact")
+    p.add_argument("--variant", required=True, choices=VARIANTS)
+    p.add_argument("--seed", type=_seed, default=0)
+    _common(p)
+    p.set_defaults(func=_cmd_train)
+
+    r = sub.add_parser("reproduce", help="train every variant x seed of a protocol (finished runs are skipped)")
+    r.add_argument("--seeds", type=_seed, default=None, help="number of seeds 0..n-1 (default: the protocol's)")
+    r.add_argument("--variants", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}")
+    _common(r)
+    r.set_defaults(func=_cmd_reproduce)

@@ -1,0 +1,95 @@
+"""Result artifacts: schema, checksum, atomic writing, and every committed artifact validates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from diagsink._io import sha256_file
+from diagsink.artifacts import ArtifactError, checksum, load_artifact, load_results, validate_artifact, write_artifact
+from diagsink.config import load_config, override
+from diagsink.train import toy_data, train_run
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = sorted((ROOT / "book" / "results").glob("*/*.json"))
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    cfg = override(load_config("quick"), {
+        "model.d_model": 8, "model.n_heads": 2, "model.depth": 1, "train.epochs": 2,
+        "train.max_train_windows": 32, "train.batch_size": 16,
+    })
+    out = tmp_path_factory.mktemp("res")
+    art = train_run(cfg, "mask", 1, data=toy_data(), device="cpu", out_dir=out, progress=False)
+    return out / "quick" / "mask_seed1.json", art
+
+
+def test_written_artifact_validates_and_has_provenance(artifact):
+    path, art = artifact
+    loaded = load_artifact(path)
+    assert loaded["metrics"] == art["metrics"]
+    prov = loaded["provenance"]
+    assert prov["seed"] == 1 and prov["data"]["n_steps"] == 300 and prov["data"]["full"] is False
+    assert len(loaded["attention"]["mean"]) == 12 and len(loaded["attention"]["per_head"]) == 2
+    state = path.with_suffix(".pt")
+    assert state.exists() and loaded["state_dict"]["sha256"] == sha256_file(state)
+    # the mask variant's averaged attention has an empty diagonal
+    assert all(loaded["attention"]["mean"][i][i] == 0 for i in range(12))
+
+
+def test_tampered_artifact_fails(artifact, tmp_path):
+    path, _ = artifact
+    art = json.loads(path.read_text())
+    art["metrics"]["MAE@12"] *= 0.9
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(art))
+    with pytest.raises(ArtifactError, match="checksum"):
+        load_artifact(bad)
+
+
+def test_schema_rejects_missing_fields_and_bad_values(artifact):
+    _, art = artifact
+    clean = {k: v for k, v in art.items() if not k.startswith("_")}
+    clean["checksum"] = checksum(clean)
+    validate_artifact(clean)
+    broken = json.loads(json.dumps(clean))
+    del broken["provenance"]["data"]["sha256"]
+    with pytest.raises(ArtifactError, match="sha256"):
+        validate_artifact(broken, check_sum=False)
+    broken = json.loads(json.dumps(clean))
+    broken["metrics"]["RMSE@6"] = -1.0
+    with pytest.raises(ArtifactError, match="RMSE@6"):
+        validate_artifact(broken, check_sum=False)
+    broken = json.loads(json.dumps(clean))
+    broken["attention"]["mean"][0][0] += 0.5
+    with pytest.raises(ArtifactError, match="sums to"):
+        validate_artifact(broken, check_sum=False)
+
+
+def test_write_is_atomic_and_refuses_invalid(tmp_path, artifact):
+    _, art = artifact
+    bad = dict(art, variant="bogus")
+    with pytest.raises(ArtifactError):
+        write_artifact(tmp_path / "x.json", bad)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written left behind
+
+
+@pytest.mark.skipif(not COMMITTED, reason="no committed artifacts yet")
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_artifact_is_valid(path):
+    art = load_artifact(path)
+    assert path.name == f"{art['variant']}_seed{art['seed']}.json"
+    assert path.parent.name == art["protocol"]
+    if art["state_dict"]["file"]:
+        state = path.parent / art["state_dict"]["file"]
+        assert state.exists() and sha256_file(state) == art["state_dict"]["sha256"]
+
+
+@pytest.mark.skipif(not COMMITTED, reason="no committed artifacts yet")
+def test_committed_results_load_per_protocol():
+    for folder in {p.parent for p in COMMITTED}:
+        arts = load_results(folder)
+        assert len({a["provenance"]["config_hash"] for a in arts}) == 1  # one config per protocol folder

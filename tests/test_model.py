@@ -1,0 +1,138 @@
+"""The T&S model and its graph convolution: shapes, variants, and real message passing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import diagsink as ds  # noqa: F401  (the package must import cleanly)
+from diagsink.errors import ConfigError
+from diagsink.graphconv import DiffusionGraphConv, adaptive_adjacency, receptive_field, released_code_contraction
+from diagsink.model import VARIANTS, TSBlock, TSModel, variant_attention_kwargs
+
+
+def _path_graph(n: int) -> torch.Tensor:
+    """Directed chain 0 -> 1 -> ... -> n-1 with self-loops."""
+    a = torch.eye(n)
+    for i in range(n - 1):
+        a[i, i + 1] = 1.0
+    return a
+
+
+def _supports(a: torch.Tensor) -> list[torch.Tensor]:
+    fwd = a / a.sum(1, keepdim=True)
+    bwd = a.T / a.T.sum(1, keepdim=True)
+    return [fwd, bwd]
+
+
+def _block_output_change(block: TSBlock, n: int, sensor: int) -> torch.Tensor:
+    """Max |change| of each sensor's block output when sensor ``sensor``'s input is perturbed."""
+    block.eval()
+    x = torch.randn(2, 12, n, 8)
+    tod = torch.randn(2, 12, n, 8)
+    x2 = x.clone()
+    x2[:, :, sensor] += torch.randn(2, 12, 8)
+    with torch.no_grad():
+        diff = (block(x2, tod) - block(x, tod)).abs().amax(dim=(0, 1, 3))  # [N]
+    return diff
+
+
+def test_one_block_mixes_exactly_the_k_hop_neighbourhood():
+    n, k = 7, 2
+    a = _path_graph(n)
+    block = TSBlock(8, 2, _supports(a), order=k, adaptive=False)
+    diff = _block_output_change(block, n, sensor=3)
+    reach = receptive_field(a, k)[3]  # sensors within 2 hops of sensor 3 (either direction)
+    assert reach.tolist() == [False, True, True, True, True, True, False]
+    assert (diff[reach] > 1e-4).all(), diff  # neighbours within K hops change
+    assert (diff[~reach] == 0).all(), diff  # sensors 0 and 6 have no path within K hops: unchanged
+
+
+def test_real_adjacency_pair(tmp_path):
+    """A neighbour pair and an unreachable pair picked from the real METR-LA graph."""
+    data = pytest.importorskip("diagsink.data")
+    try:
+        metr = data.load_metr_la()
+    except Exception as exc:  # noqa: BLE001 - data not available on this machine
+        pytest.skip(f"METR-LA not available: {exc}")
+    from diagsink.adjacency import diffusion_supports
+
+    a = torch.as_tensor(metr.adjacency)
+    n = a.shape[0]
+    block = TSBlock(8, 2, diffusion_supports(metr.adjacency), order=1, adaptive=False)
+    reach = receptive_field(a, 1)
+    src = int(((reach.sum(1) > 1) & (reach.sum(1) < n)).nonzero()[0])
+    diff = _block_output_change(block, n, sensor=src)
+    neighbours = reach[src].clone()
+    neighbours[src] = False
+    assert neighbours.any() and (diff[neighbours] > 1e-4).all()
+    assert (diff[~reach[src]] == 0).all()
+
+
+def test_released_contraction_only_rescales_each_sensor():
+    a = torch.rand(5, 5)
+    x = torch.randn(2, 3, 5, 4)
+    y = released_code_contraction(a, x)
+    torch.testing.assert_close(y, torch.diagonal(a)[:, None] * x)
+    x2 = x.clone()
+    x2[:, :, 0] += 1.0
+    change = (released_code_contraction(a, x2) - y).abs().amax(dim=(0, 1, 3))
+    assert change[0] > 0 and (change[1:] == 0).all()
+    # our diffusion step does mix: sensor 0's perturbation reaches every sensor linked to it
+    ours = (a @ x2 - a @ x).abs().amax(dim=(0, 1, 3))
+    assert (ours > 0).all()
+
+
+def test_adaptive_adjacency_is_row_stochastic_and_dense():
+    p = adaptive_adjacency(torch.randn(6, 3), torch.randn(6, 3))
+    torch.testing.assert_close(p.sum(1), torch.ones(6))
+    assert (p > 0).all()
+
+
+def test_graphconv_rejects_no_mixing_and_bad_shapes():
+    with pytest.raises(ValueError, match="could not mix sensors"):
+        DiffusionGraphConv(4)
+    conv = DiffusionGraphConv(4, _supports(_path_graph(3)))
+    with pytest.raises(ValueError, match="nodes=3"):
+        conv(torch.randn(1, 2, 5, 4))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variants_map_to_attention_arguments(variant):
+    a = _path_graph(4)
+    model = TSModel(4, _supports(a), variant=variant, d_model=8, n_heads=2, depth=2, diag_p=0.3, diag_penalty=-0.7)
+    att = model.blocks[0].attn
+    expect = variant_attention_kwargs(variant, diag_p=0.3, diag_penalty=-0.7)
+    assert att.residual == expect["residual"] and att.diag == expect["diag"]
+    if variant == "dropout":
+        assert att.diag_p == 0.3
+    if variant == "penalty":
+        assert att.diag_penalty == -0.7
+    x = torch.randn(3, 12, 4, 2)
+    y, attn = model(x, return_attention=True)
+    assert y.shape == (3, 12, 4) and torch.isfinite(y).all()
+    assert attn.shape == (3, 4, 2, 12, 12)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(3, 4, 2, 12))
+    if variant == "mask":
+        assert (torch.diagonal(attn, dim1=-2, dim2=-1) == 0).all()
+
+
+def test_unknown_variant_names_the_allowed_ones():
+    with pytest.raises(ConfigError, match="no_residual, none, mask, dropout, penalty"):
+        variant_attention_kwargs("diag-mask")
+
+
+def test_output_is_unscaled_speed():
+    a = _path_graph(3)
+    model = TSModel(3, _supports(a), d_model=8, n_heads=2, depth=1, speed_mean=60.0, speed_std=10.0)
+    model2 = TSModel(3, _supports(a), d_model=8, n_heads=2, depth=1, speed_mean=0.0, speed_std=1.0)
+    model2.load_state_dict({k: v for k, v in model.state_dict().items() if k not in ("speed_mean", "speed_std")}, strict=False)
+    model.eval(), model2.eval()
+    x = torch.randn(2, 12, 3, 2)
+    torch.testing.assert_close(model(x), model2(x) * 10.0 + 60.0)
+
+
+def test_model_rejects_wrong_input_layout():
+    model = TSModel(3, _supports(_path_graph(3)), d_model=8, n_heads=2, depth=1)
+    with pytest.raises(ValueError, match="scaled speed, time of day"):
+        model(torch.randn(2, 3, 12, 2))

@@ -1,0 +1,176 @@
+"""The training engine, configs and the train/reproduce commands (on small synthetic data)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from diagsink.cli import main
+from diagsink.config import PROTOCOLS, config_hash, load_config, override
+from diagsink.errors import ConfigError
+from diagsink.train import lr_at, predict, prepare, reproduce, run_paths, toy_data, train_run
+
+TINY = {
+    "model.d_model": 8, "model.n_heads": 2, "model.depth": 1, "model.node_embed_dim": 3,
+    "train.epochs": 4, "train.batch_size": 16, "train.eval_batch_size": 64, "train.max_train_windows": 48,
+    "train.warmup_epochs": 1, "train.lr": 5e-3,
+}
+
+
+def tiny(**extra):
+    return override(load_config("quick"), {**TINY, **extra})
+
+
+def test_packaged_protocols_load_and_differ():
+    cfgs = {p: load_config(p) for p in PROTOCOLS}
+    assert cfgs["paper"]["model"]["depth"] == 12 and cfgs["paper"]["model"]["d_model"] == 72
+    assert cfgs["paper"]["train"]["epochs"] == 150 and cfgs["paper"]["train"]["lr"] == 2e-4
+    assert cfgs["paper"]["regularizers"] == {"diag_p": 0.2, "diag_penalty": -0.1}
+    assert len({config_hash(c) for c in cfgs.values()}) == 3
+
+
+def test_misspelt_key_names_key_and_allowed_ones(tmp_path):
+    text = (load_config.__module__ and None) or None  # noqa: F841
+    import yaml
+
+    cfg = load_config("quick")
+    cfg["train"]["epoch"] = cfg["train"].pop("epochs")
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=r"train\.epoch.*allowed keys.*epochs"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="paper, book, quick"):
+        load_config("papr")
+    with pytest.raises(ConfigError, match="allowed here"):
+        override(load_config("quick"), {"train.lr_max": 1.0})
+
+
+def test_lr_schedule_warms_up_then_decays_to_min():
+    cfg = load_config("paper")
+    lrs = [lr_at(e, cfg) for e in range(cfg["train"]["epochs"] + 1)]
+    assert lrs[0] == pytest.approx(2e-4 / 5) and lrs[4] == pytest.approx(2e-4)
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+    assert lrs[-1] == pytest.approx(1e-6)
+
+
+def test_best_validation_weights_are_restored_before_testing(tmp_path):
+    data = toy_data()
+    cfg = tiny(**{"train.epochs": 5, "train.lr": 3e-2})
+    art = train_run(cfg, "none", 0, data=data, device="cpu", write=False, progress=False)
+    vals = [h["val_mae"] for h in art["history"]]
+    assert art["best_epoch"] == min(range(len(vals)), key=vals.__getitem__)
+    prepared = prepare(data, cfg)
+    from diagsink.metrics import masked_mae
+
+    again = float(masked_mae(*predict(art["_model"], prepared, prepared.val, cfg)))
+    assert again == pytest.approx(vals[art["best_epoch"]], rel=1e-5)
+
+
+def test_runs_are_deterministic_per_seed():
+    data = toy_data()
+    cfg = tiny(**{"train.epochs": 2})
+    a = train_run(cfg, "dropout", 3, data=data, device="cpu", write=False, progress=False)
+    b = train_run(cfg, "dropout", 3, data=data, device="cpu", write=False, progress=False)
+    c = train_run(cfg, "dropout", 4, data=data, device="cpu", write=False, progress=False)
+    assert a["metrics"] == b["metrics"]
+    assert a["metrics"] != c["metrics"]
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time, torch
+    torch.set_num_threads(1)
+    from diagsink.config import load_config, override
+    from diagsink.train import toy_data, train_run
+    import diagsink.train as T
+    cfg = override(load_config("quick"), {tiny!r})
+    slow = float(sys.argv[2])
+    if slow:  # make each epoch take a while so the parent can kill us mid-run
+        orig = T.predict
+        def predict(*a, **k):
+            time.sleep(slow)
+            return orig(*a, **k)
+        T.predict = predict
+    art = train_run(cfg, "penalty", 0, data=toy_data(), device="cpu", out_dir=sys.argv[1], progress=False)
+    print("MAE@mean", repr(art["metrics"]["MAE@mean"]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_kill_minus_9_then_resume_gives_the_same_metrics(tmp_path):
+    cfg_changes = {**TINY, "train.epochs": 6}
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT.replace("{tiny!r}", repr(cfg_changes)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # reference: uninterrupted
+    ref = subprocess.run([sys.executable, str(script), str(tmp_path / "ref"), "0"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert ref.returncode == 0, ref.stderr
+    # interrupted: kill -9 once a checkpoint of epoch >= 2 exists
+    out = tmp_path / "crash"
+    ckpt = run_paths(out, "quick", "penalty", 0)["checkpoint"]
+    proc = subprocess.Popen([sys.executable, str(script), str(out), "0.4"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    epoch = 0
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists():
+            try:
+                epoch = torch.load(ckpt, weights_only=True)["epoch"]
+            except Exception:  # noqa: BLE001 - file replaced while reading
+                epoch = 0
+            if epoch >= 2:
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed; make it slower"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not run_paths(out, "quick", "penalty", 0)["json"].exists()
+    resumed = subprocess.run([sys.executable, str(script), str(out), "0"], capture_output=True, text=True,
+                             env=env, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    art = json.loads(run_paths(out, "quick", "penalty", 0)["json"].read_text())
+    assert art["resumed_from_epoch"] is not None and art["resumed_from_epoch"] >= 2
+    assert art["epochs_run"] == 6
+    ref_art = json.loads(run_paths(tmp_path / "ref", "quick", "penalty", 0)["json"].read_text())
+    for key, value in ref_art["metrics"].items():
+        assert math.isclose(art["metrics"][key], value, rel_tol=1e-4), key
+    assert not ckpt.exists()  # the checkpoint is removed once the artifact is written
+
+
+def test_reproduce_skips_finished_runs(tmp_path):
+    data = toy_data()
+    cfg = tiny(**{"train.epochs": 2})
+    paths = reproduce(cfg, 1, variants=("none", "mask"), device="cpu", out_dir=tmp_path, data=data, progress=False)
+    assert [p.name for p in paths] == ["none_seed0.json", "mask_seed0.json"]
+    stamps = [p.stat().st_mtime_ns for p in paths]
+    again = reproduce(cfg, 1, variants=("none", "mask"), device="cpu", out_dir=tmp_path, data=data, progress=False)
+    assert again == paths and [p.stat().st_mtime_ns for p in paths] == stamps
+
+
+def test_output_paths_cannot_escape(tmp_path):
+    with pytest.raises(ConfigError, match="outside"):
+        run_paths(tmp_path, "../elsewhere", "none", 0)
+    with pytest.raises(ConfigError):
+        run_paths(tmp_path, "quick", "../../none", 0)
+    p = run_paths(tmp_path, "quick", "none", 2)
+    assert all(v.resolve().is_relative_to(tmp_path.resolve()) for v in p.values())
+
+
+def test_cli_reports_bad_input(capsys):
+    assert main(["reproduce", "--protocol", "nope", "--seeds", "1"]) == 2
+    assert "paper, book, quick" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--variant", "diag-mask"])
+    assert main(["reproduce", "--protocol", "quick", "--seeds", "1", "--variants", "none,masked"]) == 2
+    assert "masked" in capsys.readouterr().err
