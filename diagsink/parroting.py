@@ -1,0 +1,321 @@
+"""A synthetic task where copying the present is tempting and wrong, and its small trainer.
+
+**The data is synthetic.** Each sequence is a noisy periodic signal with period ``P``::
+
+    s_t = Σ_{k=1..K} (a_k cos(2π k t / P) + b_k sin(2π k t / P)) / k,   a_k, b_k ~ N(0, 1)
+    x_t = s_t + σ ε_t,                                                 ε_t ~ N(0, 1)
+
+with fresh coefficients and a random phase for every sequence. At step ``t`` the model
+must output the value the series showed one period before step ``t + 1``::
+
+    y_t = x_{t − P + 1}        (for t ≥ P − 1; earlier steps are not scored)
+
+which, for a periodic series, is the natural forecast of ``x_{t+1}``. The answer is
+sitting in the input, ``lag = P − 1`` steps back, so attention can fetch it exactly. The
+tempting shortcut is the present ``x_t``: neighbouring values of a smooth series are
+correlated (about 0.5 for the defaults), so copying (a shrunk) ``x_t`` through the residual
+connection lowers the error without any attention at all -- a *stochastic parrot*.
+
+The model is one :class:`~diagsink.attention.TemporalAttention` layer (one head,
+sinusoidal positional encoding) between a linear input map ``1 → C`` and a linear
+output map ``C → 1``; where to look must be learnt from the positional encoding.
+
+Explained in the chapter "A task where parroting fails" (``book/parroting.ipynb``).
+Shapes: inputs ``[batch, T, 1]``, forecasts and targets ``[batch, T]``, attention
+``[batch, H, T, T]``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .attention import TemporalAttention
+from .errors import ConfigError
+from .stats import attention_entropy, column_stripe_index, diagonal_mass, lag_mass, parroting_score
+
+__all__ = [
+    "ParrotTask",
+    "Batch",
+    "make_batch",
+    "VARIANTS",
+    "ParrotNet",
+    "TrainResult",
+    "train",
+    "Evaluation",
+    "evaluate",
+    "input_sensitivity",
+    "path_sensitivity",
+]
+
+
+@dataclass(frozen=True)
+class ParrotTask:
+    """The synthetic task's knobs.
+
+    Attributes:
+        period: ``P``; the target lies ``lag = P − 1`` steps back.
+        noise: ``σ``, standard deviation of the observation noise.
+        harmonics: ``K``, number of harmonics of the periodic pattern (amplitudes ``1/k``).
+    """
+
+    period: int = 8
+    noise: float = 0.3
+    harmonics: int = 2
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.period, int) and self.period >= 2):
+            raise ConfigError(f"period={self.period!r} must be an integer ≥ 2.")
+        if not (self.noise >= 0 and math.isfinite(self.noise)):
+            raise ConfigError(f"noise={self.noise!r} must be a finite number ≥ 0.")
+        if not (isinstance(self.harmonics, int) and 1 <= self.harmonics <= self.period // 2):
+            raise ConfigError(
+                f"harmonics={self.harmonics!r} must be an integer in [1, period // 2 = {self.period // 2}]."
+            )
+
+    @property
+    def lag(self) -> int:
+        """``P − 1``: how many steps back the answer lies."""
+        return self.period - 1
+
+
+class Batch(NamedTuple):
+    """One batch of the task.
+
+    Attributes:
+        inputs: ``[n, T, 1]`` the observed series ``x``.
+        target: ``[n, T − lag]`` the targets ``y_t = x_{t−lag}`` for the scored steps ``t ≥ lag``.
+        last: ``[n, T − lag]`` the last observed value ``x_t`` at the scored steps (what a parrot copies).
+        first: ``lag``, the first scored step.
+    """
+
+    inputs: torch.Tensor
+    target: torch.Tensor
+    last: torch.Tensor
+    first: int
+
+
+def make_batch(n: int, length: int, task: ParrotTask, generator: torch.Generator) -> Batch:
+    """Draw ``n`` sequences of length ``T = length`` (see the module docstring).
+
+    Raises:
+        ConfigError: ``length ≤ lag`` (no step could be scored).
+    """
+    if length <= task.lag:
+        raise ConfigError(f"length T={length} must exceed lag = period − 1 = {task.lag} so that some step is scored.")
+    phase0 = torch.randint(0, task.period, (n, 1), generator=generator)
+    angle = 2 * math.pi * (phase0 + torch.arange(length)[None]) / task.period  # [n, T]
+    signal = torch.zeros(n, length)
+    for k in range(1, task.harmonics + 1):
+        a = torch.randn(n, 1, generator=generator) / k
+        b = torch.randn(n, 1, generator=generator) / k
+        signal = signal + a * torch.cos(k * angle) + b * torch.sin(k * angle)
+    x = signal + task.noise * torch.randn(n, length, generator=generator)
+    lag = task.lag
+    return Batch(inputs=x[..., None], target=x[:, : length - lag], last=x[:, lag:], first=lag)
+
+
+#: the paper's five variants as keyword arguments of :class:`TemporalAttention`
+#: (regularizer strengths as selected in the paper: penalty −0.1, dropout p = 0.2).
+VARIANTS: dict[str, dict] = {
+    "no_residual": {"residual": False},
+    "none": {},
+    "mask": {"diag": "mask"},
+    "penalty": {"diag": "penalty", "diag_penalty": -0.1},
+    "dropout": {"diag": "dropout", "diag_p": 0.2},
+}
+
+
+class ParrotNet(nn.Module):
+    """Linear input map ``1 → C``, one :class:`TemporalAttention` layer, linear output map ``C → 1``.
+
+    Args:
+        d_model: ``C``.
+        n_heads: heads of the attention layer.
+        **layer_kwargs: passed to :class:`TemporalAttention` (``diag``, ``residual``, ...);
+            the default positional encoding is ``"sinusoidal"`` (the only source of position).
+    """
+
+    def __init__(self, d_model: int = 16, n_heads: int = 1, **layer_kwargs) -> None:
+        super().__init__()
+        layer_kwargs.setdefault("pos_encoding", "sinusoidal")
+        self.inp = nn.Linear(1, d_model)
+        self.attn = TemporalAttention(d_model, n_heads, **layer_kwargs)
+        self.out = nn.Linear(d_model, 1)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        """``x`` ``[..., T, 1]`` -> forecasts ``[..., T]`` (and attention ``[..., H, T, T]``)."""
+        y, attn = self.attn(self.inp(x), return_attention=True)
+        pred = self.out(y).squeeze(-1)
+        return (pred, attn) if return_attention else pred
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the model (eval mode), the loss per step, the wall time."""
+
+    model: ParrotNet
+    losses: list[float]
+    seconds: float
+    length: int
+    variant: str
+    seed: int
+
+
+def train(
+    length: int,
+    variant: str = "none",
+    *,
+    task: ParrotTask = ParrotTask(),
+    steps: int = 400,
+    batch: int = 64,
+    lr: float = 3e-3,
+    d_model: int = 16,
+    seed: int = 0,
+) -> TrainResult:
+    """Train a :class:`ParrotNet` on the task at sequence length ``T = length``.
+
+    Adam, mean squared error on the scored steps, a fresh batch every step. Everything
+    random (initial weights, data, diagonal-dropout patterns) follows ``seed``; the global
+    random state is left as it was. The same budget (``steps × batch``) is used for every
+    ``T``, so the curves show how hard the lag is to *find* at each length.
+
+    Args:
+        length: ``T``.
+        variant: a key of :data:`VARIANTS`.
+
+    Raises:
+        ConfigError: unknown variant, or ``length ≤ lag``.
+    """
+    if variant not in VARIANTS:
+        raise ConfigError(f"variant={variant!r} is not known; choose one of {list(VARIANTS)}.")
+    start = time.perf_counter()
+    losses: list[float] = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed)
+        model = ParrotNet(d_model, **VARIANTS[variant])
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        model.train()
+        for _ in range(steps):
+            b = make_batch(batch, length, task, gen)
+            pred = model(b.inputs)[:, b.first :]
+            loss = torch.mean((pred - b.target) ** 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    model.eval()
+    return TrainResult(model, losses, time.perf_counter() - start, length, variant, seed)
+
+
+@dataclass
+class Evaluation:
+    """Test-set numbers for one trained model (eval mode, fixed test seed).
+
+    Attributes:
+        mse: mean squared error on the scored steps.
+        mse_parrot: error of the best *shrunk copy* ``c · x_t`` (least squares ``c``): the
+            parrot's error, a reference line.
+        mse_zero: error of predicting 0 (the series mean): the do-nothing reference.
+        parroting: :func:`~diagsink.stats.parroting_score` of the forecasts.
+        diag_mass: mean ``α_ii`` over all rows; ``uniform = 1/T``.
+        lag_mass: mean ``α_{t, t−lag}`` over the scored rows (1 = attention exactly on the answer).
+        entropy: mean row entropy divided by ``log T`` (1 = uniform).
+        stripes: :func:`~diagsink.stats.column_stripe_index` of the averaged map.
+        attention: ``[T, T]`` the map averaged over the test batch and heads.
+        how: description of that averaging (for figure titles).
+    """
+
+    length: int
+    variant: str
+    mse: float
+    mse_parrot: float
+    mse_zero: float
+    parroting: float
+    diag_mass: float
+    uniform: float
+    lag_mass: float
+    entropy: float
+    stripes: float
+    attention: torch.Tensor = field(repr=False)
+    how: str = ""
+
+
+@torch.no_grad()
+def evaluate(
+    model: ParrotNet,
+    length: int,
+    *,
+    task: ParrotTask = ParrotTask(),
+    n: int = 256,
+    seed: int = 12345,
+    variant: str = "",
+) -> Evaluation:
+    """Evaluate ``model`` on ``n`` fresh test sequences of length ``T = length`` (eval mode).
+
+    In eval mode diagonal dropout is off, as at test time in the paper; the mask and the
+    penalty act as in training.
+    """
+    model.eval()
+    b = make_batch(n, length, task, torch.Generator().manual_seed(seed))
+    pred, attn = model(b.inputs, return_attention=True)  # [n, T], [n, H, T, T]
+    pred = pred[:, b.first :]
+    c = float((b.last * b.target).sum() / (b.last * b.last).sum())
+    mean_map = attn.mean(dim=(0, 1))
+    return Evaluation(
+        length=length,
+        variant=variant,
+        mse=float(torch.mean((pred - b.target) ** 2)),
+        mse_parrot=float(torch.mean((c * b.last - b.target) ** 2)),
+        mse_zero=float(torch.mean(b.target**2)),
+        parroting=parroting_score(pred, b.last, b.target),
+        diag_mass=diagonal_mass(attn).mass,
+        uniform=1.0 / length,
+        lag_mass=lag_mass(attn, task.lag),
+        entropy=float(attention_entropy(attn, normalized=True).mean()),
+        stripes=column_stripe_index(mean_map),
+        attention=mean_map,
+        how=f"mean over {n} test sequences and {attn.shape[1]} head(s), eval mode, T = {length}",
+    )
+
+
+def input_sensitivity(model: ParrotNet, x: torch.Tensor) -> torch.Tensor:
+    """``S[t, j] = ∂ forecast_t / ∂ x_j`` for one sequence ``x`` ``[T]`` (or ``[T, 1]``), by autograd.
+
+    The end-to-end sensitivity of each forecast to each input step: a parrot has a large
+    diagonal ``S[t, t]``; a model that found the lag has a large ``S[t, t − lag]``.
+
+    Returns:
+        ``[T, T]`` (rows = forecast step, columns = input step).
+    """
+    x = x.reshape(-1, 1).detach().to(next(model.parameters()).dtype)
+    return torch.func.jacrev(lambda inp: model(inp))(x)[..., 0]
+
+
+def path_sensitivity(model: ParrotNet, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``input_sensitivity`` split into the four Jacobian paths of the attention layer.
+
+    Uses :func:`diagsink.jacobian.decompose` on the layer input ``u = W_in x + b_in`` and
+    projects each ``[T, C, T, C]`` path with the input and output maps::
+
+        S^path[t, j] = w_outᵀ · J^path[t, :, j, :] · w_in
+
+    Returns:
+        ``{"residual", "value", "key", "query"}`` -> ``[T, T]``; they sum to
+        :func:`input_sensitivity` (the bias terms do not depend on ``x``).
+    """
+    from .jacobian import decompose  # the Jacobian chapter's module
+
+    x = x.reshape(-1, 1).detach().to(next(model.parameters()).dtype)
+    with torch.no_grad():
+        u = model.inp(x)  # [T, C]
+        paths = decompose(model.attn, u)
+        w_in = model.inp.weight[:, 0]  # [C]
+        w_out = model.out.weight[0]  # [C]
+        return {name: torch.einsum("c,icjd,d->ij", w_out, block, w_in) for name, block in paths.items()}

@@ -1,0 +1,104 @@
+"""The synthetic parroting task, its trainer and its exercise checks (diagsink/parroting.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import diagsink as ds
+from diagsink import parroting as pr
+from diagsink import stats
+
+
+def test_batch_shapes_and_target_is_the_lagged_input():
+    task = pr.ParrotTask(period=5, noise=0.1)
+    b = pr.make_batch(3, 11, task, torch.Generator().manual_seed(0))
+    assert b.inputs.shape == (3, 11, 1) and b.target.shape == (3, 7) and b.last.shape == (3, 7)
+    assert b.first == task.lag == 4
+    x = b.inputs[..., 0]
+    torch.testing.assert_close(b.target, x[:, :7])  # y_t = x_{t-lag}
+    torch.testing.assert_close(b.last, x[:, 4:])  # the present x_t
+
+
+def test_task_is_periodic_and_the_present_is_a_tempting_shortcut():
+    task = pr.ParrotTask(noise=0.0)
+    b = pr.make_batch(256, 24, task, torch.Generator().manual_seed(1))
+    x = b.inputs[..., 0]
+    torch.testing.assert_close(x[:, task.period :], x[:, : -task.period], atol=1e-5, rtol=0)
+    corr = torch.corrcoef(torch.stack([b.last.flatten(), b.target.flatten()]))[0, 1]
+    assert 0.3 < corr < 0.95  # correlated enough to tempt, not enough to be right
+
+
+def test_bad_configuration_raises():
+    with pytest.raises(ds.ConfigError, match="length"):
+        pr.make_batch(2, 7, pr.ParrotTask(period=8), torch.Generator())
+    with pytest.raises(ValueError, match="harmonics"):
+        pr.ParrotTask(period=4, harmonics=3)
+    with pytest.raises(ds.ConfigError, match="variant"):
+        pr.train(12, "nope", steps=1)
+
+
+def test_training_is_reproducible_and_leaves_the_global_rng_alone():
+    state = torch.random.get_rng_state()
+    a = pr.train(12, "dropout", steps=5)
+    assert torch.equal(state, torch.random.get_rng_state())
+    b = pr.train(12, "dropout", steps=5)
+    assert a.losses == b.losses
+    assert not a.model.training
+
+
+def test_evaluation_numbers_are_consistent():
+    res = pr.train(12, steps=3)
+    ev = pr.evaluate(res.model, 12, n=32)
+    assert ev.attention.shape == (12, 12)
+    assert ev.uniform == pytest.approx(1 / 12)
+    assert ev.mse_parrot < ev.mse_zero  # the shrunk copy of the present beats predicting the mean
+    assert 0.0 <= ev.parroting <= 1.0 and "eval mode" in ev.how
+
+
+def test_short_sequences_find_the_lag_long_ones_parrot():
+    short = pr.train(12, seed=0)
+    long = pr.train(48, seed=0)
+    es, el = pr.evaluate(short.model, 12), pr.evaluate(long.model, 48)
+    assert es.mse < 0.5 * es.mse_parrot and es.lag_mass > 3 * es.uniform
+    assert el.parroting > es.parroting + 0.2
+    assert el.mse > 0.9 * el.mse_parrot
+
+
+def test_path_sensitivity_sums_to_autograd():
+    pytest.importorskip("diagsink.jacobian")
+    res = pr.train(10, steps=20)
+    x = pr.make_batch(1, 10, pr.ParrotTask(), torch.Generator().manual_seed(3)).inputs[0]
+    paths = pr.path_sensitivity(res.model, x)
+    assert set(paths) == {"residual", "value", "key", "query"}
+    torch.testing.assert_close(sum(paths.values()), pr.input_sensitivity(res.model, x), atol=1e-5, rtol=1e-4)
+
+
+# -- exercise checks -----------------------------------------------------------------------
+def test_exercise_references_pass():
+    ds.exercises.check("ex-parroting-score", stats.parroting_score, strict=True)
+    ds.exercises.check("ex-parroting-diagonal-ratio", lambda a: stats.diagonal_mass(a).ratio, strict=True)
+    ds.exercises.check("ex-parroting-self-share", stats.self_share, strict=True)
+
+
+def test_exercise_typical_mistakes_get_hints():
+    def unclipped(pred, last, target):
+        return float(1 - (pred - last).norm() / (target - last).norm())
+
+    def per_entry(pred, last, target):
+        return float((1 - (pred - last).abs() / (target - last).abs()).clamp(0, 1).mean())
+
+    def no_times_T(attn):
+        return float(attn.diagonal(dim1=-2, dim2=-1).mean())
+
+    def no_abs(S):
+        return float((S.diagonal() / S.sum(-1)).mean())
+
+    r = ds.exercises.check("ex-parroting-score", unclipped)
+    assert not r.passed and "clip" in r.message
+    r = ds.exercises.check("ex-parroting-score", per_entry)
+    assert not r.passed and "ALL entries" in r.message
+    r = ds.exercises.check("ex-parroting-diagonal-ratio", no_times_T)
+    assert not r.passed and "ratio" in r.message
+    r = ds.exercises.check("ex-parroting-self-share", no_abs)
+    assert not r.passed and "absolute" in r.message
