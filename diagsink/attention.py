@@ -6,12 +6,13 @@ axes such as ``[batch, nodes]`` are independent sequences) to ``y`` of the same 
     y_i = x_i + W_O concat_h( Σ_j α^h_ij W^h_V x_j ),   α^h_ij = softmax_j(s^h_ij),
     s^h_ij = q^h_i · k^h_j / sqrt(d_h) + b_ij,
 
-where ``b`` acts on the diagonal only:
+where the regularizer's bias ``b`` acts on the diagonal only (``b_ij = 0`` for ``i != j``):
 
 * ``diag=None``      ``b = 0``;
 * ``diag="mask"``    ``b_ii = -inf`` (a step never attends to itself);
-* ``diag="dropout"`` ``b_ii = -inf`` with probability ``diag_p`` (training mode only);
-* ``diag="penalty"`` ``b_ii = diag_penalty`` (a constant added after the 1/sqrt(d) scaling).
+* ``diag="dropout"`` ``b_ii = -inf`` with probability ``diag_p``, drawn anew on every forward
+  pass in training mode only (``b = 0`` in eval mode);
+* ``diag="penalty"`` ``b_ii = diag_penalty`` (a constant added *after* the 1/sqrt(d_h) scaling).
 
 Explained in the chapter "Attention over time, step by step" (``book/attention.ipynb``).
 """
@@ -19,28 +20,75 @@ Explained in the chapter "Attention over time, step by step" (``book/attention.i
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import ConfigError
 from .positional import PositionalEncoding
 
 __all__ = ["TemporalAttention", "diagonal_bias", "DIAG_OPTIONS", "NORM_OPTIONS"]
 
+#: The values ``diag`` may take.
 DIAG_OPTIONS = (None, "mask", "dropout", "penalty")
+#: The values ``norm`` may take.
 NORM_OPTIONS = (None, "post", "pre")
 
 
 def _check_diag_args(diag: str | None, diag_p: float, diag_penalty: float) -> None:
-    if diag not in DIAG_OPTIONS:
-        raise ValueError(f"diag={diag!r} is not known; choose one of {DIAG_OPTIONS}.")
-    if not (isinstance(diag_p, (int, float)) and 0.0 <= float(diag_p) < 1.0):
-        raise ValueError(f"diag_p={diag_p!r} must be a probability in [0, 1).")
-    if not (isinstance(diag_penalty, (int, float)) and math.isfinite(float(diag_penalty))):
-        raise ValueError(
-            f"diag_penalty={diag_penalty!r} must be a finite number (use diag='mask' for -inf)."
+    """Raise :class:`ConfigError` (a ``ValueError``) naming the bad argument and the allowed values."""
+    if not (diag is None or (isinstance(diag, str) and diag in DIAG_OPTIONS)):
+        raise ConfigError(
+            f"diag={diag!r} is not known; choose one of {DIAG_OPTIONS} "
+            "(None: no regularizer, 'mask', 'dropout' or 'penalty' on the diagonal logits)."
         )
+    if isinstance(diag_p, bool) or not isinstance(diag_p, (int, float)) or not 0.0 <= float(diag_p) < 1.0:
+        raise ConfigError(
+            f"diag_p={diag_p!r} must be a probability in [0, 1): the chance that a diagonal "
+            "logit is dropped (the paper uses 0.2). Use diag='mask' to drop every diagonal entry."
+        )
+    if isinstance(diag_penalty, bool) or not isinstance(diag_penalty, (int, float)) or not math.isfinite(diag_penalty):
+        raise ConfigError(
+            f"diag_penalty={diag_penalty!r} must be a finite number (the paper uses -0.1); "
+            "for an infinite penalty use diag='mask'."
+        )
+
+
+@lru_cache(maxsize=64)
+def _constant_bias(length: int, value: float, dtype: torch.dtype, device: torch.device | None) -> torch.Tensor:
+    """``[T, T]`` zeros with ``value`` on the diagonal; cached, so never modify it in place."""
+    eye = torch.eye(length, dtype=torch.bool, device=device)
+    return torch.zeros(length, length, dtype=dtype, device=device).masked_fill(eye, value)
+
+
+def _check_dropped(dropped: torch.Tensor, length: int, batch_shape: tuple[int, ...], n_heads: int) -> torch.Tensor:
+    if not isinstance(dropped, torch.Tensor):
+        raise ValueError(f"dropped must be a boolean tensor ([T] or [..., H, T]), got {type(dropped).__name__}.")
+    if dropped.dim() == 0 or dropped.shape[-1] != length:
+        raise ValueError(
+            f"dropped has shape {tuple(dropped.shape)} but the sequence has T={length} steps; "
+            f"pass a boolean pattern of shape [T] or [..., H, T] = [*{list(batch_shape)}, {n_heads}, {length}]."
+        )
+    if dropped.dim() > 1:
+        try:
+            torch.broadcast_shapes(tuple(dropped.shape), (*batch_shape, n_heads, length))
+        except RuntimeError:
+            raise ValueError(
+                f"dropped has shape {tuple(dropped.shape)}, which does not broadcast to the "
+                f"pattern shape [..., H, T] = {[*batch_shape, n_heads, length]}."
+            ) from None
+    if dropped.dtype != torch.bool:
+        if dropped.is_floating_point() or dropped.is_complex() or bool(((dropped != 0) & (dropped != 1)).any()):
+            raise ValueError("dropped must hold booleans (True = this diagonal logit is set to -inf).")
+        dropped = dropped.to(torch.bool)
+    if length == 1 and bool(dropped.any()):
+        raise ValueError(
+            "dropped drops the diagonal of a sequence with T=1, which leaves no key to attend to "
+            "(softmax over an empty set); with T=1 nothing can be dropped."
+        )
+    return dropped
 
 
 def diagonal_bias(
@@ -57,58 +105,78 @@ def diagonal_bias(
     generator: torch.Generator | None = None,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
+    cache: bool = False,
 ) -> torch.Tensor | None:
     """The additive bias ``b`` that a regularizer puts on the attention logits.
 
     Args:
-        length: sequence length ``T``.
+        length: sequence length ``T`` (at least 1).
         diag: one of :data:`DIAG_OPTIONS`.
-        diag_p: drop probability for ``"dropout"``.
-        diag_penalty: constant for ``"penalty"``.
+        diag_p: drop probability for ``"dropout"``, in ``[0, 1)``.
+        diag_penalty: finite constant for ``"penalty"``.
         training: dropout acts only when ``True``.
-        shared: for ``"dropout"``: one pattern ``[T]`` shared by the whole batch and all
-            heads (the paper's released code), or, when ``False``, an independent pattern
-            for every sequence and head, ``[*batch_shape, H, T]``.
-        batch_shape, n_heads: used only for independent dropout patterns.
-        dropped: an explicit boolean pattern of dropped diagonal entries (``[T]`` or
-            ``[..., H, T]``) that replaces the random draw; used to freeze a pattern (for
-            Jacobians and tests). Honoured in any mode.
+        shared: for ``"dropout"``: ``True`` draws one pattern ``[T]`` shared by every sequence
+            of the batch and every head (what the paper's released code does); ``False`` draws
+            an independent pattern for every sequence and head, ``[*batch_shape, H, T]``.
+        batch_shape, n_heads: the pattern shape for independent dropout (and for checking
+            ``dropped``).
+        dropped: an explicit boolean pattern of dropped diagonal entries (``[T]`` or anything
+            broadcastable to ``[*batch_shape, H, T]``) that replaces the random draw; used to
+            freeze a pattern (for Jacobians and tests). Honoured in any mode. Only allowed with
+            ``diag="dropout"``.
         generator: optional random generator for the dropout draw.
+        dtype, device: of the returned bias.
+        cache: return a cached tensor for the deterministic biases (``"mask"``, ``"penalty"``);
+            the caller must then never modify it in place. :class:`TemporalAttention` uses this.
 
     Returns:
-        ``None`` when there is nothing to add, else a float tensor ``[T, T]`` or
-        ``[*batch_shape, H, T, T]`` holding ``0``, ``diag_penalty`` or ``-inf``.
+        ``None`` when there is nothing to add (``diag=None``; dropout in eval mode, with
+        ``diag_p = 0`` or with ``T = 1``), else a float tensor holding ``0`` off the diagonal
+        and ``diag_penalty`` or ``-inf`` on it: ``[T, T]`` for the mask, the penalty and a
+        shared dropout pattern (it broadcasts over batch and heads and is never expanded), and
+        ``[*pattern_shape, T, T]`` for independent or explicit patterns.
 
     Raises:
-        ValueError: for ``diag="mask"`` with ``T = 1`` (the only key would be masked,
-            so the softmax has nothing to normalise: a NaN). Use ``T >= 2``.
+        ValueError: for an unknown ``diag``, ``diag_p`` outside ``[0, 1)``, a non-finite
+            ``diag_penalty``, a ``dropped`` pattern of the wrong shape or given with another
+            ``diag``, and for ``diag="mask"`` with ``T = 1`` (the only key would be masked, so
+            the softmax would have nothing to normalise: a NaN).
     """
     _check_diag_args(diag, diag_p, diag_penalty)
-    eye = torch.eye(length, dtype=torch.bool, device=device)
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length={length!r} must be a positive integer (the sequence length T).")
+    if dropped is not None and diag != "dropout":
+        raise ValueError(
+            f"dropped=... fixes a diagonal-dropout pattern, but diag={diag!r}; pass dropped only "
+            "with diag='dropout'."
+        )
+    device = torch.device(device) if device is not None else None
     if diag is None:
         return None
-    if diag == "penalty":
-        return torch.zeros(length, length, dtype=dtype, device=device).masked_fill(eye, float(diag_penalty))
-    if diag == "mask":
-        if length < 2:
+    if diag in ("penalty", "mask"):
+        if diag == "mask" and length < 2:
             raise ValueError(
-                "diag='mask' on a sequence of length T=1 leaves no key to attend to "
-                "(softmax over an empty set); use sequences with T >= 2 or another diag option."
+                "diag='mask' on a sequence of length T=1 leaves no key to attend to (softmax over "
+                "an empty set, a NaN); use sequences with T >= 2, or diag=None, 'dropout' or "
+                "'penalty' (dropout never drops the only key)."
             )
-        return torch.zeros(length, length, dtype=dtype, device=device).masked_fill(eye, float("-inf"))
+        value = float(diag_penalty) if diag == "penalty" else float("-inf")
+        bias = _constant_bias(length, value, dtype, device)
+        return bias if cache else bias.clone()
     # diag == "dropout"
     if dropped is None:
         if not training or diag_p == 0.0 or length < 2:
             # eval mode; p = 0; or T = 1, where dropping the only key is undefined: nothing to do
             return None
         shape = (length,) if shared else (*batch_shape, n_heads, length)
-        dropped = torch.rand(shape, generator=generator, device=device if generator is None else generator.device)
-        dropped = (dropped < diag_p).to(device)
-    dropped = dropped.to(device=device, dtype=torch.bool)
-    if dropped.shape[-1] != length:
-        raise ValueError(f"dropped pattern has {dropped.shape[-1]} steps but T={length}.")
-    bias = torch.zeros(*dropped.shape, length, dtype=dtype, device=device)  # [..., T, T]
-    return bias.masked_fill(dropped[..., :, None] & eye, float("-inf"))
+        draw_device = generator.device if generator is not None else device
+        dropped = torch.rand(shape, generator=generator, device=draw_device) < diag_p
+    else:
+        dropped = _check_dropped(dropped, length, tuple(batch_shape), n_heads)
+    dropped = dropped.to(device=device)
+    eye = torch.eye(length, dtype=torch.bool, device=device)
+    bias = torch.zeros(dropped.shape + (length,), dtype=dtype, device=device)  # [..., T, T]
+    return bias.masked_fill_(dropped[..., :, None] & eye, float("-inf"))
 
 
 class TemporalAttention(nn.Module):
@@ -117,17 +185,20 @@ class TemporalAttention(nn.Module):
     Args:
         d_model: channels ``C`` of the input and output.
         n_heads: heads ``H``; ``d_model`` must be divisible by it (head size ``d_h = C / H``).
-        diag: ``None``, ``"mask"``, ``"dropout"`` or ``"penalty"`` (see module docstring).
+        diag: ``None``, ``"mask"``, ``"dropout"`` or ``"penalty"`` (see the module docstring).
         diag_p: probability that a diagonal logit is set to ``-inf`` (``diag="dropout"``).
         diag_penalty: constant added to the diagonal logits (``diag="penalty"``).
-        diag_shared: ``True``: one dropout pattern per forward pass shared across batch
-            and heads (the paper); ``False``: independent patterns per sequence and head.
+        diag_shared: ``True``: one dropout pattern per forward pass, shared by every sequence
+            in the batch and every head (the paper's released code: all ``B·N·H`` sequences lose
+            the *same* diagonal entries in a step); ``False``: an independent pattern for every
+            sequence and head (each sequence sees its own noise; the bias is then a
+            ``[..., H, T, T]`` tensor).
         residual: ``True`` gives ``y = x + attn(x)``; ``False`` is the paper's variant (a).
         dropout: dropout on the attention weights (training mode only).
         norm: ``None``, ``"post"`` (``LayerNorm(x + attn(x))``, the paper) or ``"pre"``
             (``x + attn(LayerNorm(x))``).
         pos_encoding: ``None``, ``"sinusoidal"``, ``"tape"`` or ``"learned"``; added to the
-            input before the projections (and the residual).
+            input before the projections (so the residual carries it too).
         max_len: longest sequence for ``pos_encoding="learned"``.
         bias: whether the projections have biases.
         out_proj: whether to apply the output projection ``W_O`` (as in
@@ -136,6 +207,11 @@ class TemporalAttention(nn.Module):
     Shapes:
         ``x``: ``[..., T, C]``; ``y``: ``[..., T, C]``; attention ``[..., H, T, T]``
         (rows = queries, columns = keys, rows sum to 1).
+
+    Two paths compute the same function: without ``return_attention`` the heads are mixed
+    by the fused ``torch.nn.functional.scaled_dot_product_attention`` (the regularizer
+    enters as an additive float mask); with it, the logits, the softmax and the weighted
+    sum are computed explicitly so that the weights can be returned.
     """
 
     def __init__(
@@ -156,20 +232,21 @@ class TemporalAttention(nn.Module):
         out_proj: bool = True,
     ) -> None:
         super().__init__()
-        if not (isinstance(d_model, int) and d_model > 0):
-            raise ValueError(f"d_model={d_model!r} must be a positive integer.")
-        if not (isinstance(n_heads, int) and n_heads > 0):
-            raise ValueError(f"n_heads={n_heads!r} must be a positive integer.")
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+            raise ConfigError(f"d_model={d_model!r} must be a positive integer (the channels C).")
+        if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+            raise ConfigError(f"n_heads={n_heads!r} must be a positive integer.")
         if d_model % n_heads:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by n_heads={n_heads}; choose n_heads "
-                f"among the divisors of d_model, e.g. {[h for h in range(1, d_model + 1) if d_model % h == 0][:8]}."
+            divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
+            raise ConfigError(
+                f"d_model={d_model} is not divisible by n_heads={n_heads}; choose n_heads among "
+                f"the divisors of d_model: {divisors[:12]}{' ...' if len(divisors) > 12 else ''}."
             )
         _check_diag_args(diag, diag_p, diag_penalty)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout={dropout!r} must be in [0, 1).")
-        if norm not in NORM_OPTIONS:
-            raise ValueError(f"norm={norm!r} is not known; choose one of {NORM_OPTIONS}.")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout={dropout!r} must be a probability in [0, 1) (attention dropout).")
+        if not (isinstance(norm, (str, type(None))) and norm in NORM_OPTIONS):
+            raise ConfigError(f"norm={norm!r} is not known; choose one of {NORM_OPTIONS}.")
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
@@ -177,7 +254,7 @@ class TemporalAttention(nn.Module):
         self.diag_p = float(diag_p)
         self.diag_penalty = float(diag_penalty)
         self.diag_shared = bool(diag_shared)
-        self.residual = residual
+        self.residual = bool(residual)
         self.dropout = float(dropout)
         self.norm_kind = norm
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -189,17 +266,26 @@ class TemporalAttention(nn.Module):
 
     # -- pieces, usable on their own (the chapters and the Jacobian module use them) --------
     def split_heads(self, z: torch.Tensor) -> torch.Tensor:
-        """``[..., T, C] -> [..., H, T, d_h]``."""
+        """``[..., T, C] -> [..., H, T, d_h]``: head ``h`` gets channels ``h·d_h ... (h+1)·d_h - 1``."""
         *lead, length, _ = z.shape
         return z.reshape(*lead, length, self.n_heads, self.d_head).transpose(-3, -2)
 
     def merge_heads(self, z: torch.Tensor) -> torch.Tensor:
-        """``[..., H, T, d_h] -> [..., T, C]``."""
+        """``[..., H, T, d_h] -> [..., T, C]`` (the inverse of :meth:`split_heads`: concatenate the heads)."""
         z = z.transpose(-3, -2)
         return z.reshape(*z.shape[:-2], self.d_model)
 
     def bias(self, x: torch.Tensor, dropped: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The regularizer's additive logit bias for input ``x`` ``[..., T, C]``."""
+        """The regularizer's additive logit bias for input ``x`` ``[..., T, C]``.
+
+        Returns ``None``, a ``[T, T]`` tensor (mask, penalty, shared dropout) or a
+        ``[..., H, T, T]`` tensor (independent dropout patterns, or an explicit ``dropped``
+        pattern with more than one axis). In training mode with ``diag="dropout"`` every
+        call draws a new pattern.
+        """
+        return self._bias(x, dropped, cache=False)
+
+    def _bias(self, x: torch.Tensor, dropped: torch.Tensor | None, *, cache: bool) -> torch.Tensor | None:
         return diagonal_bias(
             x.shape[-2],
             self.diag,
@@ -212,18 +298,61 @@ class TemporalAttention(nn.Module):
             dropped=dropped,
             dtype=x.dtype,
             device=x.device,
+            cache=cache,
         )
+
+    def _logits(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """``q k^T / sqrt(d_h) + b``: ``[..., T, C] -> [..., H, T, T]``."""
+        q = self.split_heads(self.q_proj(x))
+        k = self.split_heads(self.k_proj(x))
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(self.d_head)
+        return s if b is None else s + b
 
     def scores(self, x: torch.Tensor, dropped: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``s = q k^T / sqrt(d_h) + b``: ``[..., T, C] -> [..., H, T, T]``.
 
-        ``x`` is the input *after* positional encoding (and pre-norm, if any).
+        The regularizer's bias ``b`` is added *after* the ``1/sqrt(d_h)`` scaling, so a
+        penalty of ``-0.1`` lowers every diagonal logit by exactly ``0.1``. ``x`` is the
+        input *after* positional encoding (and pre-norm, if any), as inside :meth:`forward`.
+        In training mode with ``diag="dropout"`` (and no ``dropped``), each call draws a
+        new pattern.
         """
-        q = self.split_heads(self.q_proj(x))
-        k = self.split_heads(self.k_proj(x))
-        s = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
-        b = self.bias(x, dropped)
-        return s if b is None else s + b
+        return self._logits(x, self._bias(x, dropped, cache=True))
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"x must be a torch.Tensor of shape [..., T, C], got {type(x).__name__}.")
+        if x.dim() < 2:
+            raise ValueError(
+                f"x has shape {tuple(x.shape)} (rank {x.dim()}); TemporalAttention expects rank >= 2, "
+                "[..., T, C] with time on the second-to-last axis (e.g. [batch, nodes, T, C])."
+            )
+        if x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"x has {x.shape[-1]} channels in its last axis but d_model={self.d_model}; "
+                f"the input must be [..., T, C] with C = d_model = {self.d_model}."
+            )
+        if x.shape[-2] < 1:
+            raise ValueError(f"x has shape {tuple(x.shape)}: the time axis (second-to-last) is empty; T must be >= 1.")
+        if not x.is_floating_point():
+            raise ValueError(f"x has dtype {x.dtype}; pass floating-point input (e.g. x.float()).")
+
+    def _mix_fused(self, h: torch.Tensor, b: torch.Tensor | None, p_drop: float) -> torch.Tensor:
+        """The fast path: ``Σ_j α_ij v_j`` via ``scaled_dot_product_attention``, ``-> [..., H, T, d_h]``.
+
+        The leading axes are flattened into one batch axis first (the fused CPU kernels
+        want 4-D input); a ``[T, T]`` bias broadcasts and is never expanded.
+        """
+        *lead, length, channels = h.shape
+        n_seq = math.prod(lead)
+        h3 = h.reshape(n_seq, length, channels)
+        q = self.split_heads(self.q_proj(h3))
+        k = self.split_heads(self.k_proj(h3))
+        v = self.split_heads(self.v_proj(h3))
+        if b is not None and b.dim() > 3:  # per-sequence patterns [..., H, T, T]
+            b = b.expand(*lead, self.n_heads, length, length).reshape(n_seq, self.n_heads, length, length)
+        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=b, dropout_p=p_drop)
+        return mixed.reshape(*lead, self.n_heads, length, self.d_head)
 
     # -- forward -------------------------------------------------------------------------------
     def forward(
@@ -246,31 +375,19 @@ class TemporalAttention(nn.Module):
         Returns:
             ``y`` ``[..., T, C]``, or ``(y, attn)``.
         """
-        if x.dim() < 2:
-            raise ValueError(
-                f"x has shape {tuple(x.shape)}; TemporalAttention expects [..., T, C] "
-                "with time on the second-to-last axis (e.g. [batch, nodes, T, C])."
-            )
-        if x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"x has {x.shape[-1]} channels in its last axis but d_model={self.d_model}; "
-                "the input must be [..., T, C] with C = d_model."
-            )
+        self._check_input(x)
         x = self.pos(x)
         h = self.norm(x) if self.norm_kind == "pre" else x
+        b = self._bias(h, dropped, cache=True)  # built once per forward pass
         p_drop = self.dropout if self.training else 0.0
+        attn = None
         if return_attention:
-            attn = torch.softmax(self.scores(h, dropped), dim=-1)  # [..., H, T, T]
-            v = self.split_heads(self.v_proj(h))
-            mixed = F.dropout(attn, p_drop, training=True) @ v if p_drop else attn @ v
+            attn = torch.softmax(self._logits(h, b), dim=-1)  # [..., H, T, T]
+            v = self.split_heads(self.v_proj(h))  # [..., H, T, d_h]
+            mixed = (F.dropout(attn, p_drop, training=True) if p_drop else attn) @ v
         else:
-            q = self.split_heads(self.q_proj(h))
-            k = self.split_heads(self.k_proj(h))
-            v = self.split_heads(self.v_proj(h))
-            b = self.bias(h, dropped)
-            mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=b, dropout_p=p_drop)
-            attn = None
-        out = self.out_proj(self.merge_heads(mixed))
+            mixed = self._mix_fused(h, b, p_drop)
+        out = self.out_proj(self.merge_heads(mixed))  # [..., T, C]
         y = x + out if self.residual else out
         if self.norm_kind == "post":
             y = self.norm(y)
@@ -283,4 +400,6 @@ class TemporalAttention(nn.Module):
         if self.diag == "penalty":
             parts.append(f"diag_penalty={self.diag_penalty}")
         parts.append(f"residual={self.residual}, norm={self.norm_kind!r}")
+        if self.dropout:
+            parts.append(f"dropout={self.dropout}")
         return ", ".join(parts)
