@@ -48,6 +48,8 @@ __all__ = [
     "read_adjacency",
     "read_speed",
     "validate_speed_frame",
+    "validate_speed",
+    "read_speed_arrays",
     "load_adj_pickle",
     "RestrictedUnpickler",
     "SPEED_FILES",
@@ -337,6 +339,66 @@ def read_speed(path: str | Path) -> pd.DataFrame:
     return df
 
 
+def _text(x) -> str:
+    return x.decode("utf-8") if isinstance(x, bytes) else str(x)
+
+
+def _read_fixed_arrays(path: Path) -> tuple[np.ndarray, pd.DatetimeIndex, list[str]] | None:
+    """Read a pandas *fixed*-format frame (key ``df``, one float64 block) with PyTables directly.
+
+    This reads the matrix once into a C-ordered ``[T, N]`` array (pandas would need twice the
+    memory) and never touches pickled attributes (pandas unpickles the stored ``freq``).
+    Returns ``None`` for any other layout; the caller then falls back to pandas.
+    """
+    import tables
+
+    with tables.open_file(path, mode="r") as h5:
+        if "/df" not in h5:
+            return None
+        group = h5.get_node("/df")
+        if not isinstance(group, tables.Group):
+            return None
+        names = set(group._v_children)
+        if not {"axis0", "axis1", "block0_items", "block0_values"} <= names or "block1_values" in names:
+            return None
+        attrs = group._v_attrs
+        if _text(getattr(attrs, "pandas_type", "")) != "frame" or int(getattr(attrs, "nblocks", 0)) != 1:
+            return None
+        values_node = group.block0_values
+        index_node = group.axis1
+        index_attrs = index_node._v_attrs
+        kind = _text(getattr(index_attrs, "kind", ""))
+        if (values_node.dtype != np.float64 or values_node.ndim != 2 or not kind.startswith("datetime64")
+                or "tz" in index_attrs._v_attrnames or not bool(getattr(values_node._v_attrs, "transposed", False))):
+            return None
+        unit = kind[len("datetime64["):-1] if "[" in kind else "ns"
+        columns = [_text(c) for c in group.axis0.read()]
+        if [_text(c) for c in group.block0_items.read()] != columns:
+            return None
+        index = pd.DatetimeIndex(index_node.read().astype(f"datetime64[{unit}]"))
+        values = values_node.read()  # [T, N], C order
+    if values.shape != (len(index), len(columns)):
+        return None
+    return np.ascontiguousarray(values), index, columns
+
+
+def read_speed_arrays(path: str | Path) -> tuple[np.ndarray, pd.DatetimeIndex, list[str]]:
+    """``(values float64 [T, N], index, columns)`` of a speed file: PyTables fast path, else pandas.
+
+    Raises:
+        DataError: the file is truncated, not HDF5, or has no table.
+    """
+    path = Path(path)
+    try:
+        fast = _read_fixed_arrays(path)
+    except Exception:  # truncated or foreign file: let read_speed produce the message
+        fast = None
+    if fast is not None:
+        return fast
+    frame = read_speed(path)
+    return frame.to_numpy(dtype=np.float64, copy=True), frame.index, list(frame.columns)
+
+
 def validate_speed_frame(df: pd.DataFrame, sensor_ids: list[str], *, path: Path | str = "speed file",
                          require_full: bool = False) -> tuple[np.ndarray, pd.DatetimeIndex]:
     """Check a speed frame and return ``(speed float64 [T, N], timestamps [T])``.
@@ -348,7 +410,14 @@ def validate_speed_frame(df: pd.DataFrame, sensor_ids: list[str], *, path: Path 
     Raises:
         DataError: naming the first problem found and the fix.
     """
-    cols = [str(c).strip() for c in df.columns]
+    return validate_speed(df.to_numpy(dtype=np.float64, copy=True), df.index, list(df.columns), sensor_ids,
+                          path=path, require_full=require_full)
+
+
+def validate_speed(speed: np.ndarray, index, columns: list, sensor_ids: list[str], *,
+                   path: Path | str = "speed file", require_full: bool = False) -> tuple[np.ndarray, pd.DatetimeIndex]:
+    """:func:`validate_speed_frame` on the parts of a frame: values ``[T, N]``, index, columns."""
+    cols = [str(c).strip() for c in columns]
     if cols != list(sensor_ids):
         extra = [c for c in cols if c not in set(sensor_ids)]
         if len(cols) != len(sensor_ids) or extra:
@@ -361,7 +430,6 @@ def validate_speed_frame(df: pd.DataFrame, sensor_ids: list[str], *, path: Path 
             "Fix: reorder with df[sensor_ids] if only the order differs, or use the metr-la.h5 that belongs "
             "to DCRNN's graph files (`diagsink data download`)."
         )
-    index = df.index
     if not isinstance(index, pd.DatetimeIndex):
         try:
             index = pd.DatetimeIndex(index)
@@ -382,7 +450,9 @@ def validate_speed_frame(df: pd.DataFrame, sensor_ids: list[str], *, path: Path 
                 f"between {index[i]} and {index[i + 1]}. Fix: reindex to a full 5-minute range and fill missing rows "
                 "with 0 (df.reindex(pd.date_range(start, end, freq='5min'), fill_value=0)), or use an unmodified metr-la.h5."
             )
-    speed = df.to_numpy(dtype=np.float64, copy=True)
+    if speed.shape != (len(index), len(cols)):
+        raise DataError(f"{path}: values {speed.shape} do not match {len(index)} timestamps x {len(cols)} columns. "
+                        "Fix: use an unmodified metr-la.h5 (`diagsink data download`).")
     finite = np.isfinite(speed)
     if not finite.all():
         r, c = np.argwhere(~finite)[0]
@@ -447,8 +517,8 @@ def load_metr_la(root: str | Path | None = None, *, download: bool | None = None
     assert path is not None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pytables' NaturalNameWarning etc. are not the user's problem
-        frame = read_speed(path)
-    speed, timestamps = validate_speed_frame(frame, sensor_ids, path=path)
+        values, index, columns = read_speed_arrays(path)
+    speed, timestamps = validate_speed(values, index, columns, sensor_ids, path=path)
     is_full = speed.shape[0] == FULL_STEPS and timestamps[0] == FULL_START
     return MetrLA(
         speed=speed,

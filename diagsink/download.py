@@ -285,8 +285,9 @@ def _check_speed(path: Path, root: Path) -> list[str]:
     ids = D.read_sensor_ids(root / "graph_sensor_ids.txt")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        frame = D.read_speed(path)
-    D.validate_speed_frame(frame, ids, path=path.name, require_full=True)
+        values, index, columns = D.read_speed_arrays(path)
+    D.validate_speed(values, index, columns, ids, path=path.name, require_full=True)
+    del values
     warns = []
     size = path.stat().st_size
     if EXPECTED_SIZE and size != EXPECTED_SIZE:

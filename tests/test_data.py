@@ -270,3 +270,15 @@ def test_normalisations_numpy_and_torch_agree():
 
 def test_package_exports():
     assert ds.data.load_metr_la is D.load_metr_la and ds.adjacency is A and ds.metrics.masked_mae
+
+
+def test_table_format_falls_back_to_pandas_with_the_same_result(tmp_path):
+    root = make_folder(tmp_path / "d")
+    fixed = D.load_metr_la(root)
+    frame = pd.read_hdf(root / "metr-la.h5", "df")
+    (root / "metr-la.h5").unlink()
+    frame.to_hdf(root / "metr-la.h5", key="df", format="table")
+    assert D._read_fixed_arrays(root / "metr-la.h5") is None  # not the fixed layout: pandas reads it
+    table = D.load_metr_la(root)
+    np.testing.assert_array_equal(table.speed, fixed.speed)
+    assert (table.timestamps == fixed.timestamps).all() and table.speed.flags.writeable
