@@ -16,6 +16,7 @@ from __future__ import annotations
 from . import exercises
 from . import adjacency, baselines, data, metrics, protocol  # METR-LA: book/metr_la.ipynb
 from . import jacobian  # the Jacobian and its bounds: book/jacobian.ipynb, book/bounds.ipynb
+from . import parroting, plotting, stats  # book/parroting.ipynb (plotting: the whole book)
 from .attention import DIAG_OPTIONS, TemporalAttention, diagonal_bias
 from .errors import ConfigError, DataError, DiagsinkError
 from .positional import PositionalEncoding, sinusoidal_table, tape_table
@@ -31,6 +32,9 @@ __all__ = [
     "data",
     "metrics",
     "protocol",
+    "parroting",
+    "plotting",
+    "stats",
     "settings",
     "Settings",
     "pick",

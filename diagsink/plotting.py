@@ -178,6 +178,8 @@ def attention_heatmap(
     vmax: float | None = None,
     colorbar: bool = True,
     cmap: str | None = None,
+    label: str = _CBAR_LABEL,
+    axis_labels: tuple[str, str] = (_QUERY_LABEL, _KEY_LABEL),
 ) -> plt.Axes:
     """Draw one attention map ``[T, T]``: rows = query step ``i``, columns = key step ``j``.
 
@@ -187,7 +189,11 @@ def attention_heatmap(
         how: how the map was obtained (the averaging); written into the title.
         title: optional title placed before ``how``.
         vmin, vmax: colour limits (default: the map's own range).
-        colorbar: add a colour bar labelled ``attention weight α_ij``.
+        colorbar: add a colour bar labelled ``label``.
+        cmap: colour map (default :data:`HEATMAP_CMAP`).
+        label: colour-bar label; the default ``attention weight α_ij`` suits attention maps,
+            pass another for other ``[T, T]`` maps drawn the same way (e.g. sensitivities).
+        axis_labels: ``(row label, column label)``; default query step ``i`` / key step ``j``.
 
     Returns:
         the :class:`matplotlib.axes.Axes`.
@@ -210,13 +216,13 @@ def attention_heatmap(
         interpolation="nearest",
         extent=(-0.5, length - 0.5, length - 0.5, -0.5),
     )
-    ax.set_xlabel(_KEY_LABEL)
-    ax.set_ylabel(_QUERY_LABEL)
+    ax.set_ylabel(axis_labels[0])
+    ax.set_xlabel(axis_labels[1])
     ax.grid(False)
     ax.set_title(f"{title}\n{how}" if title else how)
     if colorbar:
         bar = ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-        bar.set_label(_CBAR_LABEL)
+        bar.set_label(label)
     return ax
 
 
