@@ -173,10 +173,9 @@ def diagonal_bias(
         dropped = torch.rand(shape, generator=generator, device=draw_device) < diag_p
     else:
         dropped = _check_dropped(dropped, length, tuple(batch_shape), n_heads)
-    dropped = dropped.to(device=device)
-    eye = torch.eye(length, dtype=torch.bool, device=device)
     bias = torch.zeros(dropped.shape + (length,), dtype=dtype, device=device)  # [..., T, T]
-    return bias.masked_fill_(dropped[..., :, None] & eye, float("-inf"))
+    bias.diagonal(dim1=-2, dim2=-1).masked_fill_(dropped.to(device=device), float("-inf"))  # writes b_ii only
+    return bias
 
 
 class TemporalAttention(nn.Module):

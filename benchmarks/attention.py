@@ -1,0 +1,228 @@
+"""Benchmark: forward + backward time of ``ds.TemporalAttention`` for every ``diag`` option, against ``nn.MultiheadAttention``.
+
+Usage::
+
+    python benchmarks/attention.py            # small sizes (quick; about a minute on 2 CPU cores)
+    python benchmarks/attention.py --full     # the issue's sizes: 64 x 207 sequences of T = 12, and T = 288, 1024
+    python benchmarks/attention.py --rounds 9 --threads 2 --device cuda
+
+Shapes: METR-LA-like (batch x 207 nodes, T = 12, C = 64, 8 heads) and long sequences
+(T = 288 and 1024, a smaller batch). For each shape every variant runs a training step's
+forward and backward pass (``y.backward(g)``, train mode, no attention dropout, our layer
+without the residual so that it computes exactly what ``nn.MultiheadAttention`` computes).
+The variants are timed in interleaved rounds (so a load spike on a shared machine hits all
+of them alike); the table reports the best and the median round and the ratios of the best
+rounds, all measured in this one run.
+
+Targets (flagged in the output):
+
+* the fast path (``diag=None``, fused ``scaled_dot_product_attention``) is no slower than
+  ``nn.MultiheadAttention`` (``need_weights=False``, its fastest setting) on the same shapes;
+* every regularizer is within 10 % of ``diag=None``.
+
+The layer is explained in ``book/attention.ipynb``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import diagsink as ds
+
+TARGET_MHA = 1.00  # fast path time / MHA time must not exceed this
+TARGET_REG = 1.10  # regularizer time / diag=None time must not exceed this
+
+QUICK_SHAPES = [  # (label, leading shape, T)
+    ("METR-LA-like, batch 4 x 207 nodes", (4, 207), 12),
+    ("long, T=288, batch 8", (8,), 288),
+    ("long, T=1024, batch 2", (2,), 1024),
+]
+FULL_SHAPES = [
+    ("METR-LA-like, batch 64 x 207 nodes", (64, 207), 12),
+    ("long, T=288, batch 64", (64,), 288),
+    ("long, T=1024, batch 16", (16,), 1024),
+]
+
+
+def variants(d_model: int, n_heads: int) -> dict[str, tuple[nn.Module, dict]]:
+    """name -> (module, call options). All of ours share one set of weights."""
+    base = ds.TemporalAttention(d_model, n_heads, residual=False)
+    out: dict[str, tuple[nn.Module, dict]] = {}
+    mha = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+    out["nn.MultiheadAttention"] = (mha, {})
+    out["diag=None (fast path)"] = (base, {})
+    out["diag=None (explicit path)"] = (base, {"return_attention": True})
+    for name, kw in [
+        ("diag='mask'", {"diag": "mask"}),
+        ("diag='dropout' (shared, p=0.2)", {"diag": "dropout", "diag_p": 0.2}),
+        ("diag='dropout' (independent)", {"diag": "dropout", "diag_p": 0.2, "diag_shared": False}),
+        ("diag='penalty'", {"diag": "penalty", "diag_penalty": -0.1}),
+    ]:
+        layer = ds.TemporalAttention(d_model, n_heads, residual=False, **kw)
+        layer.load_state_dict(base.state_dict())
+        out[name] = (layer, {})
+    return out
+
+
+def step(module: nn.Module, options: dict, x: torch.Tensor, g: torch.Tensor) -> Callable[[], None]:
+    """One forward + backward pass as a closure."""
+    if isinstance(module, nn.MultiheadAttention):
+        x3 = x.reshape(-1, *x.shape[-2:])
+        g3 = g.reshape(x3.shape)
+
+        def run() -> None:
+            y, _ = module(x3, x3, x3, need_weights=False)
+            y.backward(g3)
+
+    else:
+
+        def run() -> None:
+            y = module(x, **options)
+            y = y[0] if isinstance(y, tuple) else y
+            y.backward(g)
+
+    return run
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_shape(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device: torch.device) -> dict[str, list[float]]:
+    torch.manual_seed(0)
+    mods = variants(C, H)
+    x = torch.randn(*lead, T, C, device=device, requires_grad=True)
+    g = torch.randn(*lead, T, C, device=device)
+    runs = {}
+    for name, (module, options) in mods.items():
+        module.to(device).train()
+        runs[name] = step(module, options, x, g)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for name, run in runs.items():  # warm-up
+        run()
+    for _ in range(rounds):
+        for name, run in runs.items():
+            x.grad = None
+            for p in mods[name][0].parameters():
+                p.grad = None
+            sync(device)
+            start = time.perf_counter()
+            run()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def diagnose(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device: torch.device) -> str:
+    """Where a regularizer's extra time goes: the fused kernel with a mask, or building the bias.
+
+    Times ``scaled_dot_product_attention`` alone (forward + backward, the layer's 4-D layout)
+    without a mask and with the ``[T, T]`` float bias the layer passes, and the time to build
+    a bias once (what every forward pass does).
+    """
+    torch.manual_seed(0)
+    n_seq = 1
+    for n in lead:
+        n_seq *= n
+    q, k, v = (torch.randn(n_seq, H, T, C // H, device=device, requires_grad=True) for _ in range(3))
+    g = torch.randn(n_seq, H, T, C // H, device=device)
+    bias = ds.diagonal_bias(T, "penalty", diag_penalty=-0.1, device=device)
+    core: dict[str, list[float]] = {"none": [], "mask": []}
+    for _ in range(rounds + 1):
+        for name, mask in (("none", None), ("mask", bias)):
+            sync(device)
+            start = time.perf_counter()
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).backward(g)
+            sync(device)
+            core[name].append(time.perf_counter() - start)
+    none, masked = min(core["none"][1:]), min(core["mask"][1:])
+    builds = {}
+    for name, kw in (("penalty", {"diag": "penalty"}), ("dropout", {"diag": "dropout", "training": True})):
+        reps = 200
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(reps):
+            ds.diagonal_bias(T, device=device, **kw)
+        sync(device)
+        builds[name] = (time.perf_counter() - start) / reps
+    return (
+        f"cause: scaled_dot_product_attention alone (fwd+bwd) takes {1e3 * none:.1f} ms without a mask and "
+        f"{1e3 * masked:.1f} ms with the [T, T] bias ({masked / none:.2f} x); building the bias takes "
+        f"{1e6 * builds['penalty']:.0f} us (penalty, uncached) / {1e6 * builds['dropout']:.0f} us (a fresh dropout pattern) "
+        "per forward pass."
+    )
+
+
+def report(label: str, lead: tuple[int, ...], T: int, C: int, H: int, times: dict[str, list[float]]) -> list[str]:
+    """Print the table of one shape; return the missed targets."""
+    best = {name: min(ts) for name, ts in times.items()}
+    ref, mha = best["diag=None (fast path)"], best["nn.MultiheadAttention"]
+    n_seq = 1
+    for n in lead:
+        n_seq *= n
+    print(f"\n## {label}: x {list((*lead, T, C))}, {H} heads ({n_seq} sequences of T={T})")
+    print(f"{'variant':34s} {'best ms':>9s} {'median ms':>10s} {'/ diag=None':>12s} {'/ MHA':>7s}  target")
+    missed = []
+    for name, ts in times.items():
+        ratio, vs_mha = best[name] / ref, best[name] / mha
+        flag = ""
+        if name == "diag=None (fast path)":
+            ok = vs_mha <= TARGET_MHA
+            flag = f"<= {TARGET_MHA:.2f} x MHA: {'OK' if ok else 'MISSED'}"
+            if not ok:
+                missed.append(f"{label}: fast path {vs_mha:.2f} x MHA")
+        elif name.startswith("diag='"):
+            ok = ratio <= TARGET_REG
+            flag = f"<= {TARGET_REG:.2f} x diag=None: {'OK' if ok else 'MISSED'}"
+            if not ok:
+                missed.append(f"{label}: {name} {ratio:.2f} x diag=None")
+        print(f"{name:34s} {1e3 * best[name]:9.1f} {1e3 * statistics.median(ts):10.1f} {ratio:12.2f} {vs_mha:7.2f}  {flag}")
+    return missed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small sizes (the default)")
+    size.add_argument("--full", action="store_true", help="the issue's sizes (64 x 207 sequences; T = 288, 1024)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per variant (default 7 quick, 5 full)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: ds.settings().device)")
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=8)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ds.settings().device)
+    shapes = FULL_SHAPES if args.full else QUICK_SHAPES
+    rounds = args.rounds or (5 if args.full else 7)
+    print("# TemporalAttention vs nn.MultiheadAttention: forward + backward, float32, train mode")
+    print(
+        f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, "
+        f"python {platform.python_version()}, {'full' if args.full else 'quick'} sizes, {rounds} rounds"
+    )
+    started = time.perf_counter()
+    missed: list[str] = []
+    for label, lead, T in shapes:
+        times = bench_shape(lead, T, args.d_model, args.heads, rounds, device)
+        missed += report(label, lead, T, args.d_model, args.heads, times)
+        print(diagnose(lead, T, args.d_model, args.heads, rounds, device))
+    print(f"\nwall time {time.perf_counter() - started:.0f} s")
+    if missed:
+        print("targets missed:\n  " + "\n  ".join(missed))
+    else:
+        print("all targets met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
