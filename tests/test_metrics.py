@@ -175,3 +175,59 @@ def test_baseline_table_on_a_periodic_series():
     assert out.loc["historical average", "MAE@12"] == pytest.approx(0.0, abs=1e-9)
     assert out.loc["last value (copy the present)", "MAE@12"] > 0.5
     assert out.loc["last value (copy the present)", "MAE@3"] < out.loc["last value (copy the present)", "MAE@12"]
+
+
+# ---------------------------------------------------------------- exercise checks of book/metr_la.ipynb
+def test_exercise_checks_pass_the_reference_and_hint_typical_mistakes():
+    from diagsink.exercises import check
+
+    def good_mae(pred, target):
+        mask = target != 0
+        if not mask.any():
+            raise ValueError("all targets missing")
+        return (pred - target).abs()[mask].mean()
+
+    def plain_mae(pred, target):
+        return (pred - target).abs().mean()
+
+    def wrong_denominator(pred, target):
+        return ((pred - target).abs() * (target != 0)).sum() / target.numel()
+
+    def silent_zero(pred, target):
+        mask = target != 0
+        return (pred - target).abs()[mask].sum() / mask.sum().clamp_min(1)
+
+    assert check("ex-metr-la-masked-mae", good_mae).passed
+    assert "plain MAE" in check("ex-metr-la-masked-mae", plain_mae).message
+    assert "divide by the number of observed" in check("ex-metr-la-masked-mae", wrong_denominator).message
+    assert "raise a ValueError" in check("ex-metr-la-masked-mae", silent_zero).message
+
+    def good_windows(series, t_in, t_out):
+        w = series.shape[0] - t_in - t_out + 1
+        s = torch.arange(w)[:, None]
+        return series[s + torch.arange(t_in)], series[s + t_in + torch.arange(t_out)]
+
+    def one_short(series, t_in, t_out):
+        x, y = good_windows(series, t_in, t_out)
+        return x[:-1], y[:-1]
+
+    def early_targets(series, t_in, t_out):
+        w = series.shape[0] - t_in - t_out + 1
+        s = torch.arange(w)[:, None]
+        return series[s + torch.arange(t_in)], series[s + t_in - 1 + torch.arange(t_out)]
+
+    assert check("ex-metr-la-windows", good_windows).passed
+    assert "T - t_in - t_out + 1" in check("ex-metr-la-windows", one_short).message
+    assert "one step too early" in check("ex-metr-la-windows", early_targets).message
+
+    def good_split(n):
+        te, tr = round(n * 0.2), round(n * 0.7)
+        return tr, n - tr - te, te
+
+    def truncating(n):
+        te, tr = int(n * 0.2), int(n * 0.7)
+        return tr, n - tr - te, te
+
+    assert check("ex-metr-la-split", good_split).passed
+    assert "int() truncates" in check("ex-metr-la-split", truncating).message
+    assert "add up" in check("ex-metr-la-split", lambda n: (1, 1, 1)).message
