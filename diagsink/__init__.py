@@ -4,7 +4,7 @@ The package behind the book *Stochastic Parroting in Temporal Attention*, an exe
 companion to Hankemeier & Schilling (ESANN 2026, arXiv 2602.10956). One concept per module:
 
 * :mod:`diagsink.settings`    quick/full mode, data folder, device (``DIAGSINK_QUICK``, ``DIAGSINK_DATA``)
-* :mod:`diagsink.attention`   :class:`TemporalAttention` and the diagonal regularizers
+* :mod:`diagsink.attention`   :class:`~diagsink.attention.TemporalAttention` and the diagonal regularizers
 * :mod:`diagsink.positional`  sinusoidal, tAPE and learned positional encodings
 
 Tensor shapes follow ``[batch, time, nodes, channels]`` for traffic data and

@@ -47,6 +47,7 @@ __all__ = [
     "SOLUTION_TAG",
     "CHECK_TAG",
     "Exercise",
+    "ExportReport",
     "find_book_root",
     "toc_notebooks",
     "exercises_of",

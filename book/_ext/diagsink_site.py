@@ -1,11 +1,32 @@
-"""Sphinx extension for the diagsink book: serve MathJax from a local copy.
+"""Sphinx extension for the diagsink book: an offline site without JavaScript errors, and
+solutions that really hide.
 
-The published site and the offline CI build must render math without any CDN.
-MathJax 3 comes from the ``django-static-mathjax`` wheel (pinned in the ``book``
-extra; it has no dependencies and is not used with Django here). At the end of the
-build the ``es5`` component folder (the ``tex-chtml.js`` bundle, the fonts and the
-lazily loaded components) is copied to ``_static/mathjax``, and ``mathjax_path``
-points there.
+1. **MathJax served locally.** The published site and the offline CI build must render math
+   without any CDN. MathJax 3 comes from the ``django-static-mathjax`` wheel (pinned in the
+   ``book`` extra; it has no dependencies and is not used with Django here). At the end of
+   the build the ``es5`` component folder (the ``tex-chtml.js`` bundle, the fonts and the
+   lazily loaded components) is copied to ``_static/mathjax``, and ``mathjax_path`` points
+   there.
+
+2. **No thebe scripts when thebe is off.** Jupyter Book always loads ``sphinx_thebe``, and
+   sphinx-thebe adds its assets in ``env-before-read-docs`` whatever the configuration:
+   an inline script ``const THEBE_JS_URL = "https://unpkg.com/..."``, ``sphinx-thebe.js``,
+   ``sphinx-thebe.css``, and a ``text/x-thebe-config`` block on every page. Sphinx 7.4
+   then lists the inline script twice (``app.add_js_file(None, body=...)`` reaches the
+   builder once as ``None`` and once, via the registry, as ``""``; the two do not compare
+   equal), and the second ``const`` declaration is a JavaScript error on every page
+   ("Identifier 'THEBE_JS_URL' has already been declared"). With
+   ``launch_buttons: thebe: false`` in ``_config.yml`` this extension drops all thebe assets
+   (so no page names a CDN), and on any configuration it removes duplicate inline scripts.
+
+3. **An explicit theme mode.** pydata-sphinx-theme logs a console error on a reader's first
+   visit when no ``default_mode`` is set; it is set to ``"auto"`` (follow the system).
+
+4. **``hide_solutions`` hides the code too.** sphinx-exercise's ``hide_solutions`` switch
+   drops the ``{solution-start}`` directive but keeps everything up to ``{solution-end}``,
+   so in a notebook the solution's code cell stayed on the page. Here ``solution-start``
+   leaves an invisible marker when the switch is on, and a transform removes the marker,
+   everything after it up to the matching ``{solution-end}``, and that end node.
 """
 
 from __future__ import annotations
@@ -13,10 +34,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.errors import ExtensionError
+from sphinx.transforms import SphinxTransform
 
 MATHJAX_PATH = "mathjax/tex-chtml.js"  # relative to _static
+
+
+# --------------------------------------------------------------------------- MathJax
 
 
 def _mathjax_es5() -> Path:
@@ -38,6 +64,17 @@ def _set_path(app: Sphinx, config) -> None:
     config.mathjax_path = MATHJAX_PATH
 
 
+def _set_default_mode(app: Sphinx, config) -> None:
+    """Give the theme an explicit light/dark mode ("auto": follow the reader's system).
+
+    Without one, pydata-sphinx-theme starts from ``data-mode=""`` and logs the console error
+    "Got invalid theme mode: . Resetting to auto." on the first visit of every reader.
+    """
+    context = config.html_context
+    if isinstance(context, dict) and not context.get("default_mode"):
+        context["default_mode"] = "auto"  # pydata-sphinx-theme reads it from html_context
+
+
 def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
     if exception is not None or app.builder.format != "html":
         return
@@ -48,7 +85,121 @@ def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
     shutil.copytree(es5, target, dirs_exist_ok=True, ignore=lambda d, names: [n for n in names if Path(d) == es5 and n in skip])
 
 
+# --------------------------------------------------------------------------- thebe
+
+
+def _thebe_enabled(app: Sphinx) -> bool:
+    options = getattr(app.config, "html_theme_options", None) or {}
+    return bool((options.get("launch_buttons") or {}).get("thebe"))
+
+
+def _is_thebe_asset(asset) -> bool:
+    filename = str(getattr(asset, "filename", "") or "")
+    body = str((getattr(asset, "attributes", None) or {}).get("body", ""))
+    return filename.endswith(("sphinx-thebe.js", "sphinx-thebe.css")) or "THEBE_JS_URL" in body
+
+
+def _asset_key(asset) -> tuple:
+    attributes = getattr(asset, "attributes", None) or {}
+    return (str(getattr(asset, "filename", "") or ""), tuple(sorted((k, str(v)) for k, v in attributes.items())))
+
+
+def _clean_page_assets(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """Per page: drop thebe assets when thebe is off, and every duplicate script or style."""
+    drop_thebe = not _thebe_enabled(app)
+    for key in ("script_files", "css_files"):
+        assets = context.get(key)
+        if not isinstance(assets, list):
+            continue
+        seen: set[tuple] = set()
+        kept = []
+        for asset in assets:
+            if drop_thebe and _is_thebe_asset(asset):
+                continue
+            ident = _asset_key(asset)
+            if ident in seen:
+                continue
+            seen.add(ident)
+            kept.append(asset)
+        context[key] = kept
+
+
+def _drop_thebe_config(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """Remove sphinx-thebe's per-page ``<script>`` blocks when thebe is off."""
+    if _thebe_enabled(app):
+        return
+    for raw in list(doctree.findall(nodes.raw)):
+        text = raw.astext()
+        if "text/x-thebe-config" in text or text.strip().startswith("<script>kernelName ="):
+            raw.parent.remove(raw)
+
+
+# --------------------------------------------------------------------------- hide_solutions
+
+
+class hidden_solution(nodes.Invisible, nodes.Element):
+    """Marks where a solution hidden by ``hide_solutions`` starts (removed before writing)."""
+
+
+def _skip(self, node) -> None:
+    raise nodes.SkipNode
+
+
+def _hiding_solution_start():
+    from sphinx_exercise.directive import SolutionStartDirective
+
+    class HidingSolutionStart(SolutionStartDirective):
+        def run(self):
+            result = super().run()
+            if self.env.app.config.hide_solutions:
+                return [hidden_solution()]
+            return result
+
+    return HidingSolutionStart
+
+
+class RemoveHiddenSolutions(SphinxTransform):
+    """With ``hide_solutions``: remove each hidden solution from its marker to its end node."""
+
+    default_priority = 5  # after sphinx-exercise's structure check (1), before its merges (10)
+
+    def apply(self, **kwargs) -> None:
+        from sphinx_exercise.nodes import solution_end_node
+
+        for marker in list(self.document.findall(hidden_solution)):
+            parent = marker.parent
+            start = parent.index(marker)
+            end = next(
+                (i for i in range(start + 1, len(parent.children)) if isinstance(parent.children[i], solution_end_node)),
+                None,
+            )
+            if end is None:  # unbalanced markers: sphinx-exercise reports them
+                parent.remove(marker)
+                continue
+            for child in parent.children[start : end + 1]:
+                parent.remove(child)
+
+
+# --------------------------------------------------------------------------- setup
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _set_path)
+    app.connect("config-inited", _set_default_mode)
     app.connect("build-finished", _copy_mathjax)
+
+    app.connect("html-page-context", _clean_page_assets, priority=900)
+    app.connect("doctree-resolved", _drop_thebe_config, priority=900)
+
+    app.setup_extension("sphinx_exercise")
+    app.add_node(
+        hidden_solution,
+        html=(_skip, None),
+        latex=(_skip, None),
+        text=(_skip, None),
+        man=(_skip, None),
+        texinfo=(_skip, None),
+    )
+    app.add_directive("solution-start", _hiding_solution_start(), override=True)
+    app.add_transform(RemoveHiddenSolutions)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,366 @@
+"""Course tooling: exercise checks, the exercise cell pattern, and the student/instructor export.
+
+Fast tests use a one-chapter book built in a temporary folder; the static tests read the
+real chapters; the ``slow`` tests export the real book and execute every student notebook
+(only ``NotImplementedError`` allowed) and every instructor notebook (no error at all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+import diagsink as ds
+from diagsink import course
+from diagsink.cli import main
+from diagsink.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = course.toc_notebooks(ROOT)
+LABEL = "ex-course-softmax"  # the worked example of book/instructors.md, checked in diagsink/exercises/course.py
+
+
+# --------------------------------------------------------------------------- a tiny book
+
+
+def _md(text: str):
+    return nbformat.v4.new_markdown_cell(text)
+
+
+def _code(text: str, *tags: str):
+    cell = nbformat.v4.new_code_cell(text)
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
+
+
+STUB = f'def row_softmax(scores):\n    raise NotImplementedError("{LABEL}")\n'
+SOLUTION = (
+    "def row_softmax(scores):\n"
+    "    shifted = scores - scores.amax(dim=-1, keepdim=True)\n"
+    "    e = shifted.exp()\n"
+    "    return e / e.sum(dim=-1, keepdim=True)\n"
+)
+
+
+def demo_notebook(*, solution_tags=("exercise-solution",), stub=STUB, check_label=LABEL):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        _md("# Demo chapter\n\nSome text."),
+        _code("import diagsink as ds\nimport torch\nprint(ds.settings().mode)"),
+        _code("x = torch.ones(3)\nassert x.sum() == 3"),
+        _md(f"## Exercises\n\n```{{exercise}} Softmax over rows\n:label: {LABEL}\n\nWrite `row_softmax`.\n```"),
+        _code(stub, "exercise-stub"),
+        _md(f"```{{solution-start}} {LABEL}\n:class: dropdown\n```"),
+        _code(SOLUTION, *solution_tags),
+        _md("```{solution-end}\n```"),
+        _code(f'ds.exercises.check("{check_label}", row_softmax, strict=True)', "exercise-check"),
+    ]
+    return nb
+
+
+@pytest.fixture
+def mini_book(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    (root / "book").mkdir(parents=True)
+    (root / "_toc.yml").write_text(
+        "format: jb-book\nroot: book/intro\nparts:\n  - caption: Demo\n    chapters:\n      - file: book/demo\n"
+    )
+    (root / "book" / "intro.md").write_text("# Intro\n")
+    nbformat.write(demo_notebook(), str(root / "book" / "demo.ipynb"))
+    return root
+
+
+def _sources(nb) -> str:
+    return "\n".join("".join(c.source) for c in nb.cells)
+
+
+# --------------------------------------------------------------------------- checks framework
+
+
+def test_worked_example_reference_passes_and_wrong_answers_get_hints(capsys):
+    ns: dict = {}
+    exec(SOLUTION, ns)
+    assert ds.exercises.check(LABEL, ns["row_softmax"]).passed
+    wrong_dim = ds.exercises.check(LABEL, lambda s: torch.softmax(s, dim=-2))
+    naive = ds.exercises.check(LABEL, lambda s: s.exp() / s.exp().sum(-1, keepdim=True))
+    assert not wrong_dim.passed and "last dimension" in wrong_dim.message
+    assert not naive.passed and "NaN or inf" in naive.message
+    out = capsys.readouterr().out
+    assert "PASS" in out and "HINT" in out
+    assert "amax" not in out and "softmax(" not in out  # a hint never shows the solution
+
+
+def test_check_strict_raises_and_stub_error_propagates():
+    with pytest.raises(ds.exercises.ExerciseFailed):
+        ds.exercises.check(LABEL, lambda s: s, strict=True)
+    ns: dict = {}
+    exec(STUB, ns)
+    with pytest.raises(NotImplementedError, match=LABEL):
+        ds.exercises.check(LABEL, ns["row_softmax"])
+
+
+def test_compare_tensors_names_the_mistake():
+    x = torch.randn(2, 5, 5)
+    cmp = ds.exercises.compare_tensors
+    assert cmp(x.clone(), x) is None
+    assert "shape" in cmp(x[0], x)
+    assert "transpose" in cmp(x.transpose(-1, -2), x)
+    assert "constant factor" in cmp(x / 8**0.5, x)
+    assert "torch.Tensor" in cmp(x.tolist(), x)
+    assert "wrong values" in cmp(x + torch.randn(2, 5, 5), x)
+    assert ds.exercises.first_hint(None, "b", "c") == "b" and ds.exercises.first_hint(None) is None
+
+
+def test_fresh_generator_gives_fresh_inputs_and_leaves_global_rng_alone():
+    state = torch.get_rng_state()
+    a = torch.randn(4, generator=ds.exercises.fresh_generator())
+    b = torch.randn(4, generator=ds.exercises.fresh_generator())
+    assert not torch.equal(a, b)
+    assert torch.equal(state, torch.get_rng_state())
+
+
+# --------------------------------------------------------------------------- pattern and editions
+
+
+def test_student_version_drops_solutions_keeps_stubs_and_checks():
+    nb = demo_notebook()
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="quick\n")]
+    nb.cells[1].execution_count = 3
+    student = course.student_version(nb, "book/demo.ipynb")
+    text = _sources(student)
+    assert "amax" not in text and "solution-start" not in text and "solution-end" not in text
+    assert f'NotImplementedError("{LABEL}")' in text and f'check("{LABEL}"' in text and "{exercise}" in text
+    assert len(student.cells) == len(nb.cells) - 3
+    assert all(c.outputs == [] and c.execution_count is None for c in student.cells if c.cell_type == "code")
+    assert student.metadata["diagsink"]["edition"] == "student"
+    assert nb.cells[1].outputs, "the source notebook must not be modified"
+    instructor = course.instructor_version(nb)
+    assert _sources(instructor) == _sources(nb)
+    assert all(c.outputs == [] for c in instructor.cells if c.cell_type == "code")
+
+
+def test_pattern_is_valid_for_the_demo():
+    assert course.exercise_problems(demo_notebook(), "demo") == []
+    (ex,) = course.exercises_of(demo_notebook()).values()
+    assert (ex.label, ex.stubs, ex.solutions, ex.checks) == (LABEL, [4], [6], [8])
+
+
+@pytest.mark.parametrize(
+    "broken, expected",
+    [
+        (dict(solution_tags=()), "must be tagged"),  # untagged solution would leak to students
+        (dict(stub='def row_softmax(s):\n    raise NotImplementedError("ex-course-other")\n'), "must raise"),
+        (dict(check_label="ex-course-typo"), "0 check cells"),
+        (dict(stub="def other(s):\n    raise NotImplementedError('ex-course-softmax')\n"), "does not redefine"),
+    ],
+)
+def test_pattern_problems_are_found(broken, expected):
+    problems = course.exercise_problems(demo_notebook(**broken), "demo")
+    assert any(expected in p for p in problems), problems
+
+
+def test_unregistered_label_is_reported():
+    problems = course.exercise_problems(demo_notebook(), "demo", registered=[])
+    assert any("no check registered" in p for p in problems)
+
+
+# --------------------------------------------------------------------------- export
+
+
+def test_export_cli_writes_student_and_instructor(mini_book: Path, tmp_path: Path, capsys):
+    out = tmp_path / "out"
+    assert main(["course", "export", "--out", str(out), "--source", str(mini_book)]) == 0
+    student = nbformat.read(str(out / "student" / "demo.ipynb"), as_version=4)
+    instructor = nbformat.read(str(out / "instructor" / "demo.ipynb"), as_version=4)
+    assert "amax" not in _sources(student) and "amax" in _sources(instructor)
+    assert sorted(p.name for p in out.iterdir()) == ["instructor", "student"]  # no staging left
+    # a second export replaces the first (the folders are ours: they carry the marker)
+    (out / "student" / "stale.ipynb").write_text("{}")
+    assert main(["course", "export", "--out", str(out), "--source", str(mini_book)]) == 0
+    assert not (out / "student" / "stale.ipynb").exists()
+    assert "1 exercises" in capsys.readouterr().out
+
+
+def test_export_no_solutions_writes_only_students(mini_book: Path, tmp_path: Path):
+    out = tmp_path / "handout"
+    report = course.export(out, source=mini_book, solutions=False)
+    assert report.editions == ["student"] and not (out / "instructor").exists()
+    course.export(out, source=mini_book)  # with solutions
+    with pytest.raises(ConfigError, match="holds solutions"):
+        course.export(out, source=mini_book, solutions=False)
+
+
+def test_export_refuses_folders_it_does_not_own(mini_book: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    (out / "student").mkdir(parents=True)
+    (out / "student" / "mine.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not written by"):
+        course.export(out, source=mini_book)
+    assert (out / "student" / "mine.txt").read_text() == "keep me"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out2 = tmp_path / "out2"
+    out2.mkdir()
+    (out2 / "instructor").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        course.export(out2, source=mini_book)
+    assert list(elsewhere.iterdir()) == []
+    with pytest.raises(ConfigError, match="overlaps the book"):
+        course.export(mini_book / "book" / "export", source=mini_book)
+
+
+def test_export_refuses_a_broken_pattern_and_writes_nothing(mini_book: Path, tmp_path: Path):
+    nbformat.write(demo_notebook(solution_tags=()), str(mini_book / "book" / "demo.ipynb"))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="leak"):
+        course.export(out, source=mini_book)
+    assert not (out / "student").exists()
+
+
+def test_export_refuses_a_non_writable_folder(mini_book: Path, tmp_path: Path, capsys):
+    if os.geteuid() == 0:  # root writes anywhere permissions allow; use a read-only file system
+        if not Path("/proc/self").is_dir():
+            pytest.skip("running as root without /proc: no unwritable folder to test with")
+        out = Path("/proc/diagsink-course-export")
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        out = locked / "out"
+    try:
+        assert main(["course", "export", "--out", str(out), "--source", str(mini_book)]) == 2
+    finally:
+        if os.geteuid() != 0:
+            (tmp_path / "locked").chmod(0o755)
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write into") and "--out" in err
+
+
+def test_export_cli_reports_a_file_as_out(mini_book: Path, tmp_path: Path, capsys):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    assert main(["course", "export", "--out", str(f), "--source", str(mini_book)]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the real chapters
+
+
+def _chapter_ids(p: Path) -> str:
+    return p.stem
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=_chapter_ids)
+def test_chapter_follows_the_exercise_pattern(path: Path):
+    """Every stub has exactly one solution and one check with its label, registered, named in
+    the NotImplementedError, and no untagged code between the solution markers."""
+    nb = nbformat.read(str(path), as_version=4)
+    problems = course.exercise_problems(nb, path.name)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=_chapter_ids)
+def test_chapter_ends_with_two_to_four_exercises(path: Path):
+    nb = nbformat.read(str(path), as_version=4)
+    exercises = [ex for ex in course.exercises_of(nb).values() if ex.stubs]
+    assert 2 <= len(exercises) <= 4, f"{path.name}: {len(exercises)} exercises with code, expected 2-4"
+    first = min(i for ex in exercises for i in ex.directive + ex.stubs)
+    later_code = [
+        i
+        for i, c in enumerate(nb.cells[first:], start=first)
+        if c.cell_type == "code" and not set(c.metadata.get("tags", [])) & {course.STUB_TAG, course.SOLUTION_TAG, course.CHECK_TAG}
+    ]
+    assert not later_code, f"{path.name}: the exercises must end the chapter; untagged code cells {later_code} follow them"
+
+
+def test_every_registered_check_belongs_to_an_exercise():
+    used = set()
+    for path in CHAPTERS:
+        used |= set(course.exercises_of(nbformat.read(str(path), as_version=4)))
+    used |= {LABEL} if f":label: {LABEL}" in (ROOT / "book" / "instructors.md").read_text() else set()
+    orphans = sorted(set(ds.exercises.labels()) - used)
+    assert not orphans, f"checks registered for exercises that no chapter has: {orphans}"
+
+
+# --------------------------------------------------------------------------- execution
+
+
+def _run_both_editions(student_path: Path, instructor_path: Path, cwd: Path) -> list[str]:
+    """Execute a student and an instructor notebook in ONE kernel; return the problems.
+
+    The editions differ only from the first exercise on, so the shared prefix runs once,
+    then the student tail (errors allowed only if NotImplementedError; every check must
+    raise it, proving the stubs are stubs), then the instructor tail (no error allowed:
+    it re-runs every stub, solution and check, overwriting what the student tail defined).
+    """
+    from nbclient import NotebookClient
+
+    student = nbformat.read(str(student_path), as_version=4)
+    instructor = nbformat.read(str(instructor_path), as_version=4)
+    p = 0
+    while (
+        p < min(len(student.cells), len(instructor.cells))
+        and student.cells[p].source == instructor.cells[p].source
+        and student.cells[p].cell_type == instructor.cells[p].cell_type
+    ):
+        p += 1
+    n_student_tail = len(student.cells) - p
+    combined = nbformat.v4.new_notebook(metadata=instructor.metadata)
+    combined.cells = instructor.cells[:p] + student.cells[p:] + instructor.cells[p:]
+    NotebookClient(
+        combined, timeout=600, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(cwd)}}
+    ).execute()
+    problems = []
+    for i, cell in enumerate(combined.cells):
+        if cell.cell_type != "code":
+            continue
+        part = "shared" if i < p else ("student" if i < p + n_student_tail else "instructor")
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        tags = cell.metadata.get("tags", [])
+        for err in errors:
+            if part == "student" and err.ename == "NotImplementedError":
+                continue
+            problems.append(f"{student_path.name} ({part} cell {i}): {err.ename}: {err.evalue}")
+        if part == "student" and course.CHECK_TAG in tags:
+            labels = course._check_labels("".join(cell.source))
+            if not any(e.ename == "NotImplementedError" and e.evalue in labels for e in errors):
+                problems.append(f"{student_path.name}: the student's check of {labels} did not hit the stub's NotImplementedError")
+    return problems
+
+
+def test_mini_book_editions_execute(mini_book: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    course.export(out, source=mini_book)
+    assert _run_both_editions(out / "student" / "demo.ipynb", out / "instructor" / "demo.ipynb", out / "student") == []
+    # and the harness really catches a wrong solution
+    nbformat.write(demo_notebook(), str(mini_book / "book" / "demo.ipynb"))
+    nb = nbformat.read(str(mini_book / "book" / "demo.ipynb"), as_version=4)
+    nb.cells[6].source = "def row_softmax(scores):\n    return scores.exp() / scores.exp().sum(-1, keepdim=True)\n"
+    nbformat.write(nb, str(mini_book / "book" / "demo.ipynb"))
+    course.export(out, source=mini_book)
+    problems = _run_both_editions(out / "student" / "demo.ipynb", out / "instructor" / "demo.ipynb", out / "student")
+    assert len(problems) == 1 and "instructor" in problems[0] and "ExerciseFailed" in problems[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", CHAPTERS, ids=_chapter_ids)
+def test_exported_chapter_executes(path: Path, tmp_path: Path):
+    """Student edition: only NotImplementedError; instructor edition: no error (quick mode).
+
+    Each chapter is exported on its own, so one broken chapter does not hide the others.
+    """
+    assert os.environ.get("DIAGSINK_QUICK") == "1" or not os.environ.get("CI"), "run in quick mode"
+    out = tmp_path / "export"
+    course.export(out, source=ROOT, notebooks=[path])
+    student = out / "student" / path.name
+    instructor = out / "instructor" / path.name
+    assert json.loads(student.read_text())["metadata"]["diagsink"]["edition"] == "student"
+    problems = _run_both_editions(student, instructor, out / "student")
+    assert not problems, "\n".join(problems)
