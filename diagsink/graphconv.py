@@ -59,17 +59,21 @@ def released_code_contraction(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def receptive_field(adj: torch.Tensor, hops: int) -> torch.Tensor:
-    """Boolean ``[N, N]``: entry ``[n, m]`` is True when ``m`` reaches ``n`` in ``<= hops`` steps.
+    """Boolean ``[N, N]``: ``[n, m]`` is True when sensor ``m``'s input can change sensor ``n``'s
+    output after one diffusion layer of order ``hops`` over the forward *and* backward walks.
 
-    "Reaches" follows edges in either direction (the layer diffuses forward *and*
-    backward), so this is the set of sensors whose input can change sensor ``n``'s output
-    after ``hops`` diffusion steps in total.
+    The forward walk ``D_out^-1 A`` lets ``n`` read ``m`` when ``A^k[n, m] != 0``; the backward
+    walk ``D_in^-1 A^T`` when ``(A^T)^k[n, m] != 0``; for ``k = 0..hops``. (The two walks are
+    not composed inside one layer, so a forward-then-backward path does not count.)
     """
-    link = (adj != 0) | (adj.T != 0)
-    link = link | torch.eye(adj.shape[0], dtype=torch.bool, device=adj.device)
-    reach = torch.eye(adj.shape[0], dtype=torch.bool, device=adj.device)
-    for _ in range(hops):
-        reach = (reach.float() @ link.float()) > 0
+    link = (adj != 0).float()
+    eye = torch.eye(adj.shape[0], dtype=torch.bool, device=adj.device)
+    reach = eye.clone()
+    for a in (link, link.T):
+        power = eye.float()
+        for _ in range(hops):
+            power = ((power @ a) > 0).float()
+            reach |= power > 0
     return reach
 
 

@@ -468,7 +468,8 @@ def train_run(
         epoch += 1
         if bad >= t["patience"]:
             stopped, finished = "early_stopping", True
-        elif t["time_limit_s"] is not None and train_time >= t["time_limit_s"]:
+        elif t["time_limit_s"] is not None and train_time + train_time / len(history) > t["time_limit_s"]:
+            # another epoch (of average length) would overrun the per-run time budget
             stopped, finished = "time_limit", True
         elif epoch >= t["epochs"]:
             finished = True

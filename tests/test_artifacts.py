@@ -93,3 +93,34 @@ def test_committed_results_load_per_protocol():
     for folder in {p.parent for p in COMMITTED}:
         arts = load_results(folder)
         assert len({a["provenance"]["config_hash"] for a in arts}) == 1  # one config per protocol folder
+
+
+def test_paired_comparison_and_t_quantile():
+    from diagsink.artifacts import paired_comparison, t_quantile
+
+    assert t_quantile(0.975, 2) == pytest.approx(4.303, abs=2e-3)
+    assert t_quantile(0.975, 30) == pytest.approx(2.042, abs=2e-3)
+    arts = [{"variant": v, "seed": s, "metrics": {"MAE@3": base + (0.5 if v == "mask" else 0.0) + 0.01 * s * (v == "mask")}}
+            for s, base in enumerate([3.0, 3.2, 2.9]) for v in ("none", "mask")]
+    out = paired_comparison(arts, "mask", "MAE@3")
+    assert out["n"] == 3 and out["mean_diff"] == pytest.approx(0.51) and out["exceeds_noise"] == 1.0
+
+
+def test_results_exercise_checks():
+    from diagsink.exercises import check
+
+    def rel(values, base):
+        return [100 * (v - base) / base for v in values]
+
+    def paired(a, b):
+        import math
+        d = [x - y for x, y in zip(a, b)]
+        m = sum(d) / len(d)
+        return m / (math.sqrt(sum((v - m) ** 2 for v in d) / (len(d) - 1)) / math.sqrt(len(d)))
+
+    assert check("ex-results-relative", rel).passed
+    frac = check("ex-results-relative", lambda v, b: [x / 100 for x in rel(v, b)])
+    assert not frac.passed and "percent" in frac.message
+    assert check("ex-results-paired", paired).passed
+    flipped = check("ex-results-paired", lambda a, b: paired(b, a))
+    assert not flipped.passed and "sign" in flipped.message

@@ -136,3 +136,17 @@ def test_model_rejects_wrong_input_layout():
     model = TSModel(3, _supports(_path_graph(3)), d_model=8, n_heads=2, depth=1)
     with pytest.raises(ValueError, match="scaled speed, time of day"):
         model(torch.randn(2, 3, 12, 2))
+
+
+def test_exercise_checks_accept_references_and_hint_typical_mistakes():
+    from diagsink.exercises import check
+    from diagsink.exercises.model import reference_diffusion_terms, reference_lr_schedule
+
+    assert check("ex-model-diffusion", reference_diffusion_terms).passed
+    transposed = check("ex-model-diffusion", lambda p, x, k: reference_diffusion_terms(p.T, x, k))
+    assert not transposed.passed and "P^T" in transposed.message
+    diag_only = check("ex-model-diffusion", lambda p, x, k: torch.cat([x] + [torch.diagonal(p)[:, None] * x] * k, -1))
+    assert not diag_only.passed and "diagonal" in diag_only.message
+    assert check("ex-model-schedule", reference_lr_schedule).passed
+    to_zero = check("ex-model-schedule", lambda e, lr, lo, w, n: reference_lr_schedule(e, lr, 0.0, w, n))
+    assert not to_zero.passed and "min_lr" in to_zero.message

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The one prepared GPU script: train the `book` protocol (5 variants x 4 seeds) on one GPU
+# within 10 minutes and record provenance. Run it from the repository root on the machine
+# with the GPU:
+#
+#     DIAGSINK_DATA=/path/to/metr-la tools/gpu_reproduce.sh [OUT_DIR]
+#
+# Artifacts go to OUT_DIR/book/ (default book/results/book/). `diagsink reproduce` skips
+# finished runs, so if the time cap below stops it, rerunning the script finishes the rest.
+# Each run stops training after the per-run budget in diagsink/configs/book.yaml
+# (train.time_limit_s; recorded in each artifact as "stopped"), so 20 runs fit in ~10 min.
+set -euo pipefail
+OUT="${1:-book/results}"
+PY="${PYTHON:-python}"
+LOG="$OUT/book/gpu_reproduce.log"
+mkdir -p "$OUT/book"
+{
+  echo "== provenance =="
+  date -u +"%Y-%m-%dT%H:%M:%SZ"
+  git rev-parse HEAD 2>/dev/null || echo "git: unknown"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: unavailable"
+  "$PY" -c "import torch, diagsink; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available()); print('diagsink', diagsink.__version__)"
+  "$PY" -m diagsink info || true
+} 2>&1 | tee "$LOG"
+start=$(date +%s)
+# 570 s hard cap leaves time for start-up and copying the results back within 10 minutes.
+timeout 570 "$PY" -m diagsink reproduce --protocol book --seeds 4 --device cuda --out "$OUT" --no-progress 2>&1 | tee -a "$LOG" || \
+  echo "reproduce stopped (status $?): rerun this script to finish the remaining runs" | tee -a "$LOG"
+echo "wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
+ls -l "$OUT/book" | tee -a "$LOG"
