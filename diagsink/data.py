@@ -224,7 +224,7 @@ def read_locations(path: str | Path, sensor_ids: list[str]) -> pd.DataFrame:
 class RestrictedUnpickler(pickle.Unpickler):
     """An unpickler that admits only what a pickled numpy array needs.
 
-    Allowed globals (:attr:`ALLOWED`): ``numpy.core.multiarray._reconstruct`` (or its numpy-2
+    Allowed globals (``ALLOWED``): ``numpy.core.multiarray._reconstruct`` (or its numpy-2
     name ``numpy._core.multiarray._reconstruct``), ``numpy.ndarray`` and ``numpy.dtype``.
     Any other global (``os.system``, ``builtins.eval``, ...) raises :class:`DataError`, so a
     tampered ``adj_mx.pkl`` cannot run code.

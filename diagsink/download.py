@@ -97,8 +97,9 @@ SPEED_MIRRORS: list[Mirror] = [
     Mirror("https://huggingface.co/datasets/TorchSpatiotemporal/ProcessedDatasets/resolve/v1.0.0/traffic/metr_la.zip",
            kind="zip", member="metr_la.h5", note="Hugging Face TorchSpatiotemporal"),
 ]
-#: Size and sha256 of metr-la.h5 from ONE third-party Git LFS pointer (unverified: a mismatch warns).
+#: Size in bytes of metr-la.h5 according to ONE third-party Git LFS pointer (unverified, so a mismatch only warns).
 EXPECTED_SIZE = 57_038_056
+#: sha256 of metr-la.h5 according to the same pointer (unverified, so a mismatch only warns).
 EXPECTED_SHA256 = "64784b76d6fb8ec9bff4b6decafb354da2bb37840468fdccee5044e511277c05"
 MANIFEST = "manifest.json"
 TIMEOUT = 60.0  # seconds without data before a mirror counts as dead

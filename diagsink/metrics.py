@@ -93,8 +93,8 @@ def horizon_metrics(pred, target, horizons: Sequence[int] = (3, 6, 12), null_val
             single-step values, as Graph WaveNet prints "average over 12 horizons").
 
     Returns:
-        ``{"MAE@3": ..., "RMSE@3": ..., "MAPE@3": ..., ..., "MAE@mean": ..., "RMSE@mean": ...,
-        "MAPE@mean": ...}`` as Python floats (MAPE in percent), computed in float64.
+        A dict of Python floats computed in float64, keyed ``MAE@3``, ``RMSE@3``, ``MAPE@3``, ... for each
+        horizon, then ``MAE@mean``, ``RMSE@mean``, ``MAPE@mean`` (MAPE in percent).
     """
     p, t = _as_tensors(pred, target)
     p, t = p.to(torch.float64), t.to(torch.float64)

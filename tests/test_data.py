@@ -282,3 +282,17 @@ def test_table_format_falls_back_to_pandas_with_the_same_result(tmp_path):
     table = D.load_metr_la(root)
     np.testing.assert_array_equal(table.speed, fixed.speed)
     assert (table.timestamps == fixed.timestamps).all() and table.speed.flags.writeable
+
+
+def test_cli_info_and_verify_on_a_slice(tmp_path, capsys):
+    from diagsink.cli import main
+
+    root = make_folder(tmp_path / "d")
+    assert main(["data", "info", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "metr-la.h5" in out and "PARTIAL: first 40 of 34272" in out
+    assert main(["data", "verify", "--root", str(root)]) == 0
+    assert "not comparable with published" in capsys.readouterr().out
+    assert main(["data", "info", "--root", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: METR-LA files missing") and "diagsink data download" in err
