@@ -30,7 +30,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-import diagsink as ds
 from diagsink import data as D
 from diagsink import protocol as P
 

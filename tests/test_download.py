@@ -1,15 +1,17 @@
 """Downloads against a local HTTP server on 127.0.0.1: good, interrupted, wrong, corrupt, dead mirrors.
 
 The speed file served here is SYNTHETIC: a made-up series of the full METR-LA shape
-(34272 x 207, 2012-03-01 00:00 to 2012-06-27 23:55, real sensor ids as columns), written
-compressed so that the tests stay fast. The graph files are copies of the real DCRNN files.
+(34272 x 207, 2012-03-01 00:00 to 2012-06-27 23:55, the sensor ids as columns), written
+compressed so that the tests stay fast. The graph files are copies of the real DCRNN files
+from ``DIAGSINK_DATA`` (checked against DCRNN's git blob ids), or synthetic stand-ins when
+that folder does not have them.
 """
 
 from __future__ import annotations
 
 import http.server
 import io
-import shutil
+import pickle
 import socket
 import threading
 import warnings
@@ -27,17 +29,47 @@ from diagsink._io import sha256_file
 from diagsink.errors import DataError
 
 SHARED = ds.settings().data_root
-pytestmark = pytest.mark.skipif(
-    not all((SHARED / n).is_file() for n in DL.GRAPH_BLOBS),
-    reason=f"the DCRNN graph files are not in {SHARED} (set DIAGSINK_DATA to the METR-LA folder)",
-)
+REAL_GRAPH = all((SHARED / n).is_file() for n in DL.GRAPH_BLOBS)
+_REAL_BLOBS = dict(DL.GRAPH_BLOBS)
+
+
+def py2_pickle(obj) -> bytes:
+    """A protocol-0 pickle whose arrays look like DCRNN's Python-2 file (raw bytes as latin-1 text)."""
+
+    def to_str(x):
+        return x.decode("latin1") if isinstance(x, bytes) else tuple(map(to_str, x)) if isinstance(x, tuple) else x
+
+    class Py2Pickler(pickle.Pickler):
+        def reducer_override(self, o):
+            if isinstance(o, np.ndarray):
+                fn, args, state = o.__reduce__()
+                return fn, to_str(args), to_str(state)
+            return NotImplemented
+
+    buf = io.BytesIO()
+    Py2Pickler(buf, protocol=0).dump(obj)
+    return buf.getvalue()
+
+
+def _graph_files() -> dict[str, bytes]:
+    """Copies of the real DCRNN graph files, or synthetic ones (207 made-up ids) when they are absent."""
+    if REAL_GRAPH:
+        return {name: (SHARED / name).read_bytes() for name in DL.GRAPH_BLOBS}
+    ids = [str(700000 + i) for i in range(D.N_SENSORS)]
+    locs = pd.DataFrame({"index": range(len(ids)), "sensor_id": ids, "latitude": 34.0, "longitude": -118.3})
+    return {
+        "graph_sensor_ids.txt": ",".join(ids).encode(),
+        "graph_sensor_locations.csv": locs.to_csv(index=False).encode(),
+        "adj_mx.pkl": py2_pickle((ids, {s: i for i, s in enumerate(ids)}, np.eye(len(ids), dtype=np.float32))),
+    }
 
 
 # ---------------------------------------------------------------- the files served
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, bytes]:
     folder = tmp_path_factory.mktemp("served")
-    ids = D.read_sensor_ids(SHARED / "graph_sensor_ids.txt")
+    graph = _graph_files()
+    ids = graph["graph_sensor_ids.txt"].decode().split(",")
     index = pd.date_range(D.FULL_START, periods=D.FULL_STEPS, freq="5min")
     day = np.round(8 * (60 - 10 * np.sin(np.arange(288) / 288 * 2 * np.pi))) / 8  # synthetic, k/8 values
     speed = np.tile(day, D.FULL_STEPS // 288)[:, None] + np.zeros((1, len(ids)))
@@ -54,8 +86,7 @@ def files(tmp_path_factory) -> dict[str, bytes]:
         zf.writestr("metr_la/sensor_ids_la.txt", ",".join(ids))
     out = {"full.h5": good, "short.h5": (folder / "short.h5").read_bytes(), "corrupt.h5": bytes(corrupt),
            "metr_la.zip": buf.getvalue()}
-    for name in DL.GRAPH_BLOBS:
-        out[name] = (SHARED / name).read_bytes()
+    out.update(graph)
     return out
 
 
@@ -99,6 +130,10 @@ def point_at(monkeypatch, server, files):
     """Point the module constants at the local server; expected size/sha = the synthetic file's."""
     monkeypatch.setattr(DL, "GRAPH_URL", server + "/ok/{name}")
     monkeypatch.setattr(DL, "OPTIONAL_GRAPH_BLOBS", {})
+    # the real files have DCRNN's blob ids already; synthetic stand-ins get their own
+    monkeypatch.setattr(DL, "GRAPH_BLOBS", {n: DL.git_blob_sha1(files[n]) for n in DL.GRAPH_BLOBS})
+    if REAL_GRAPH:
+        assert DL.GRAPH_BLOBS == dict(_REAL_BLOBS)
     monkeypatch.setattr(DL, "TIMEOUT", 10.0)
     import hashlib
 
