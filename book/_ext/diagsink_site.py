@@ -22,7 +22,11 @@ solutions that really hide.
 3. **An explicit theme mode.** pydata-sphinx-theme logs a console error on a reader's first
    visit when no ``default_mode`` is set; it is set to ``"auto"`` (follow the system).
 
-4. **``hide_solutions`` hides the code too.** sphinx-exercise's ``hide_solutions`` switch
+4. **Short names in docstrings resolve.** ``:class:`TemporalAttention``` written in any
+   module of the package, or a re-export such as ``diagsink.TemporalAttention``, links to
+   the one documented object it can mean (``book/api.md``); ambiguous names still warn.
+
+5. **``hide_solutions`` hides the code too.** sphinx-exercise's ``hide_solutions`` switch
    drops the ``{solution-start}`` directive but keeps everything up to ``{solution-end}``,
    so in a notebook the solution's code cell stayed on the page. Here ``solution-start``
    leaves an invisible marker when the switch is on, and a transform removes the marker,
@@ -180,6 +184,90 @@ class RemoveHiddenSolutions(SphinxTransform):
                 parent.remove(child)
 
 
+# --------------------------------------------------------------------------- API cross-references
+
+
+_MISSING = object()
+
+
+def _lookup(target: str):
+    """The object named by a dotted ``diagsink.`` path, or ``_MISSING``."""
+    if not target.startswith("diagsink."):
+        return _MISSING
+    import importlib
+
+    parts = target.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attr in parts[split:]:
+            obj = getattr(obj, attr, _MISSING)
+            if obj is _MISSING:
+                return _MISSING
+        return obj
+    return _MISSING
+
+
+def _canonical_name(target: str) -> str | None:
+    """``diagsink.TemporalAttention`` -> ``diagsink.attention.TemporalAttention`` (re-exports)."""
+    obj = _lookup(target)
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}.{qualname}" if obj is not _MISSING and module and qualname else None
+
+
+def _resolve_python_ref(app: Sphinx, env, node, contnode):
+    """Resolve a Python cross-reference the domain missed, when exactly one object fits.
+
+    Docstrings say ``:class:`TemporalAttention``` from any module, or name a re-export
+    (``diagsink.TemporalAttention``). The Python domain resolves neither by default; this
+    looks the name up like a ``.``-prefixed reference (a unique suffix match) or through the
+    object's defining module. Ambiguous or unknown names still warn (and fail the build).
+    """
+    if node.get("refdomain") != "py":
+        return None
+    from sphinx.util.nodes import make_refnode
+
+    domain = env.get_domain("py")
+    target, typ = node["reftarget"], node["reftype"]
+    matches = []
+    canonical = _canonical_name(target)
+    if canonical and canonical != target:
+        matches = domain.find_obj(env, None, None, canonical, typ, 1)
+    if not matches:
+        matches = domain.find_obj(env, node.get("py:module"), node.get("py:class"), target, typ, 1)
+    if len(matches) == 1:
+        name, entry = matches[0]
+        return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, name)
+    if matches:
+        return None  # ambiguous: let Sphinx warn
+    # an object that exists but has no entry of its own (a constant without a docstring, a
+    # helper class outside __all__): link to the nearest documented class or module
+    module, cls = node.get("py:module"), node.get("py:class")
+    for path in (target, f"{module}.{cls}.{target}" if module and cls else "", f"{module}.{target}" if module else ""):
+        if _lookup(path) is _MISSING:
+            continue
+        parts = path.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            prefix = ".".join(parts[:cut])
+            if prefix in domain.objects and domain.objects[prefix].objtype in ("class", "exception"):
+                entry = domain.objects[prefix]
+                return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, target)
+            if prefix in domain.modules:
+                entry = domain.modules[prefix]
+                return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, target)
+    return None
+
+
+def _skip_namedtuple_fields(app: Sphinx, what: str, name: str, obj, skip: bool, options) -> bool | None:
+    """NamedTuple fields are described in the class's ``Attributes:`` section (napoleon);
+    documenting them again as members would be a duplicate object description."""
+    if what == "class" and type(obj).__name__ == "_tuplegetter":
+        return True
+    return None
+
+
 # --------------------------------------------------------------------------- setup
 
 
@@ -190,6 +278,8 @@ def setup(app: Sphinx) -> dict:
 
     app.connect("html-page-context", _clean_page_assets, priority=900)
     app.connect("doctree-resolved", _drop_thebe_config, priority=900)
+    app.connect("missing-reference", _resolve_python_ref)
+    app.connect("autodoc-skip-member", _skip_namedtuple_fields)
 
     app.setup_extension("sphinx_exercise")
     app.add_node(
