@@ -41,7 +41,7 @@ def _angles(length: int, d_model: int, scale: float, dtype: torch.dtype, device=
     position = torch.arange(length, dtype=work, device=device)[:, None]  # [T, 1]
     even = torch.arange(0, d_model, 2, dtype=work, device=device)  # 2k = 0, 2, 4, ...
     omega = torch.exp(-math.log(10000.0) * even / d_model)  # ω_k = 10000^(-2k/C)
-    return (position * omega[None, :] * scale).to(dtype)  # [T, ⌈C/2⌉]
+    return (position * omega[None, :] * scale).to(dtype or torch.get_default_dtype())  # [T, ⌈C/2⌉]
 
 
 def _interleave(angles: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -52,11 +52,12 @@ def _interleave(angles: torch.Tensor, d_model: int) -> torch.Tensor:
     return table
 
 
-def sinusoidal_table(length: int, d_model: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+def sinusoidal_table(length: int, d_model: int, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
     """Vaswani et al. (2017): ``P[t, 2k] = sin(t ω_k)``, ``P[t, 2k+1] = cos(t ω_k)``, ``ω_k = 10000^(-2k/C)``.
 
     Args:
         length: ``T``; d_model: ``C`` (odd ``C`` is allowed: the last channel is a sine).
+        dtype: of the table (default: ``torch.get_default_dtype()``); device: of the table.
 
     Returns:
         ``[T, C]`` table; row 0 is ``[0, 1, 0, 1, ...]``.
@@ -65,7 +66,7 @@ def sinusoidal_table(length: int, d_model: int, dtype: torch.dtype = torch.float
     return _interleave(_angles(length, d_model, 1.0, dtype, device), d_model)
 
 
-def tape_table(length: int, d_model: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+def tape_table(length: int, d_model: int, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
     """tAPE (Foumani et al. 2024, arXiv 2305.16642): the sinusoid with every angle scaled by ``C / T``.
 
     ``P[t, 2k] = sin(t ω_k C / T)``, ``P[t, 2k+1] = cos(t ω_k C / T)``. With ``T`` short
@@ -85,7 +86,7 @@ def tape_table(length: int, d_model: int, dtype: torch.dtype = torch.float32, de
     return _interleave(_angles(length, d_model, d_model / length, dtype, device), d_model)
 
 
-def positional_table(kind: str, length: int, d_model: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+def positional_table(kind: str, length: int, d_model: int, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
     """The fixed table of ``kind`` (``"sinusoidal"`` or ``"tape"``): ``[T, C]``."""
     if kind == "sinusoidal":
         return sinusoidal_table(length, d_model, dtype, device)
