@@ -58,9 +58,14 @@ def _check_diag_args(diag: str | None, diag_p: float, diag_penalty: float) -> No
 
 @lru_cache(maxsize=64)
 def _constant_bias(length: int, value: float, dtype: torch.dtype, device: torch.device | None) -> torch.Tensor:
-    """``[T, T]`` zeros with ``value`` on the diagonal; cached, so never modify it in place."""
-    eye = torch.eye(length, dtype=torch.bool, device=device)
-    return torch.zeros(length, length, dtype=dtype, device=device).masked_fill(eye, value)
+    """``[T, T]`` zeros with ``value`` on the diagonal; cached, so never modify it in place.
+
+    Built outside inference mode even when first requested inside ``torch.inference_mode()``:
+    an inference tensor in the cache could not be saved for a later backward pass.
+    """
+    with torch.inference_mode(False):
+        eye = torch.eye(length, dtype=torch.bool, device=device)
+        return torch.zeros(length, length, dtype=dtype, device=device).masked_fill(eye, value)
 
 
 def _check_dropped(dropped: torch.Tensor, length: int, batch_shape: tuple[int, ...], n_heads: int) -> torch.Tensor:

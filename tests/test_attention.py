@@ -227,6 +227,17 @@ def test_bias_is_not_corrupted_by_callers():
     torch.testing.assert_close(layer.scores(x) - _by_hand_logits(layer, x), -0.25 * torch.eye(5, dtype=torch.float64).expand(2, 5, 5))
 
 
+@pytest.mark.parametrize("diag", ["mask", "penalty"])
+def test_training_works_after_inference_mode(diag):
+    """The cached [T, T] bias must not be an inference tensor (it is saved for backward)."""
+    layer = ds.TemporalAttention(8, 2, diag=diag)
+    with torch.inference_mode():
+        layer(torch.randn(3, 13, 8))
+    x = torch.randn(3, 13, 8, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
 # ------------------------------------------------------------------------ fast path == explicit path
 CASES = [
     (None, None),
