@@ -295,7 +295,7 @@ def input_sensitivity(model: ParrotNet, x: torch.Tensor) -> torch.Tensor:
         ``[T, T]`` (rows = forecast step, columns = input step).
     """
     x = x.reshape(-1, 1).detach().to(next(model.parameters()).dtype)
-    return torch.func.jacrev(lambda inp: model(inp))(x)[..., 0]
+    return torch.func.jacrev(lambda inp: model(inp))(x)[..., 0].detach()
 
 
 def path_sensitivity(model: ParrotNet, x: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -102,3 +102,11 @@ def test_exercise_typical_mistakes_get_hints():
     assert not r.passed and "ratio" in r.message
     r = ds.exercises.check("ex-parroting-self-share", no_abs)
     assert not r.passed and "absolute" in r.message
+
+
+def test_exercise_checks_leave_the_global_rng_alone():
+    state = torch.random.get_rng_state()
+    ds.exercises.check("ex-parroting-score", stats.parroting_score)
+    ds.exercises.check("ex-parroting-diagonal-ratio", lambda a: stats.diagonal_mass(a).ratio)
+    ds.exercises.check("ex-parroting-self-share", stats.self_share)
+    assert torch.equal(state, torch.random.get_rng_state())

@@ -1,7 +1,8 @@
 """Exercise checks for the chapter "A task where parroting fails" (``book/parroting.ipynb``).
 
-Each check runs the student's function on fresh random inputs, compares it with the
-package's reference (:mod:`diagsink.stats`) and returns ``None`` or a hint.
+Each check runs the student's function on fresh random inputs (from
+:func:`~diagsink.exercises.fresh_generator`, so the notebook's random state is untouched),
+compares it with the package's reference (:mod:`diagsink.stats`) and returns ``None`` or a hint.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 import torch
 
 from .. import stats
-from . import register
+from . import fresh_generator, register
 
 
 def _close(a, b, tol: float = 1e-5) -> bool:
@@ -24,7 +25,7 @@ def _close(a, b, tol: float = 1e-5) -> bool:
 @register("ex-parroting-score")
 def check_score(fn):
     """``fn(pred, last, target) -> float``: the parroting score of :func:`diagsink.stats.parroting_score`."""
-    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    g = fresh_generator()
     last = torch.randn(6, 9, generator=g, dtype=torch.float64)
     target = torch.randn(6, 9, generator=g, dtype=torch.float64)
     if not _close(fn(last.clone(), last, target), 1.0):
@@ -49,12 +50,13 @@ def check_score(fn):
 @register("ex-parroting-diagonal-ratio")
 def check_diagonal_ratio(fn):
     """``fn(attn [..., T, T]) -> float``: ``T · mean α_ii`` (diagonal mass against uniform)."""
-    T = int(torch.randint(3, 10, ()))
+    g = fresh_generator()
+    T = int(torch.randint(3, 10, (), generator=g))
     if not _close(fn(torch.full((2, T, T), 1.0 / T)), 1.0):
         return "uniform attention must give ratio 1 (mean α_ii = 1/T, times T)."
     if not _close(fn(torch.eye(T).expand(3, 2, T, T)), float(T)):
         return f"identity attention with T = {T} must give ratio T = {T}."
-    attn = torch.softmax(2 * torch.randn(4, 2, T, T, dtype=torch.float64), -1)
+    attn = torch.softmax(2 * torch.randn(4, 2, T, T, generator=g, dtype=torch.float64), -1)
     if not _close(fn(attn), stats.diagonal_mass(attn).ratio):
         return "on random attention the ratio is off: average α_ii over every leading axis and every row i, then multiply by T."
     return None
@@ -63,12 +65,13 @@ def check_diagonal_ratio(fn):
 @register("ex-parroting-self-share")
 def check_self_share(fn):
     """``fn(S [T, T]) -> float``: mean over rows of ``|S_tt| / Σ_j |S_tj|``."""
-    T = int(torch.randint(4, 12, ()))
+    g = fresh_generator()
+    T = int(torch.randint(4, 12, (), generator=g))
     if not _close(fn(torch.eye(T)), 1.0):
         return "an identity sensitivity map (each output depends only on its own step) must give 1."
     if not _close(fn(torch.ones(T, T)), 1.0 / T):
         return f"equal sensitivity to all T = {T} steps must give 1/T."
-    S = torch.randn(T, T, dtype=torch.float64)
+    S = torch.randn(T, T, generator=g, dtype=torch.float64)
     if not _close(fn(S), stats.self_share(S)):
         return "on a random map with negative entries the share is off: use absolute values |S_tj| in the numerator AND in the row total."
     return None
