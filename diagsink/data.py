@@ -309,6 +309,10 @@ def read_adjacency(root: Path, sensor_ids: list[str]) -> np.ndarray:
 def read_speed(path: str | Path) -> pd.DataFrame:
     """Read the speed frame from an HDF file (key ``df``; a file with one other key is accepted too).
 
+    This goes through pandas, which lets PyTables unpickle some stored attributes (e.g. the
+    index ``freq``); :func:`read_speed_arrays` avoids that for the standard fixed layout and
+    uses this function only for other layouts.
+
     Raises:
         DataError: the file is truncated, not HDF5, or has no table.
     """
