@@ -34,6 +34,7 @@ Functions:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -227,7 +228,10 @@ def autograd_jacobian(
     """
     if x.dim() != 2:
         raise ConfigError(f"x has shape {tuple(x.shape)}; pass one sequence [T, C].")
-    return torch.func.jacrev(lambda inp: layer(inp, dropped=dropped))(x)
+    with warnings.catch_warnings():
+        # jacrev through the fused CPU attention kernel falls back to a loop and warns about it
+        warnings.filterwarnings("ignore", message="There is a performance drop")
+        return torch.func.jacrev(lambda inp: layer(inp, dropped=dropped))(x)
 
 
 # ----------------------------------------------------------------------------------------
@@ -300,10 +304,10 @@ class Bounds:
 
     Attributes:
         off: per-entry bounds on ``‖∂y_i/∂x_j‖₂`` for every ``j ≠ i``, per path and
-            ``"total"`` (theorem ``thm-offdiag`` in ``book/bounds.ipynb``).
+            ``"total"`` (theorem ``bnd-thm-offdiag`` in ``book/bounds.ipynb``).
         off_average: bounds on the average over ``j ≠ i`` of those norms, for every ``i``
-            (theorem ``thm-offdiag-average``; needs no assumption on the logits).
-        diag: bounds on ``‖∂y_i/∂x_i‖₂`` per path and ``"total"`` (theorem ``thm-diag``).
+            (theorem ``bnd-thm-offdiag-average``; needs no assumption on the logits).
+        diag: bounds on ``‖∂y_i/∂x_i‖₂`` per path and ``"total"`` (theorem ``bnd-thm-diag``).
         diag_lower: lower bound on the smallest singular value of ``∂y_i/∂x_i`` (hence on
             its norm) when the layer has a residual connection, else 0.
         constants: the quantities the bounds are built from (see :func:`bound`).

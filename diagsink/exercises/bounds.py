@@ -4,7 +4,7 @@
   logit matrix ``[T, T]`` (``−inf`` marks keys a row does not attend to; ``Δ_i`` is the
   spread of the finite logits of row ``i`` and ``N_i`` their number).
 * ``ex-bounds-offdiag``: ``offdiag_bound(x, W_Q, W_K, W_V)`` -> float: the per-entry
-  off-diagonal bound of theorem ``thm-offdiag`` for a one-head layer without biases or
+  off-diagonal bound of theorem ``bnd-thm-offdiag`` for a one-head layer without biases or
   output projection (value plus key path).
 * ``ex-bounds-slope``: ``fit_slope(lengths, values)`` -> float: the least-squares slope of
   ``log(values)`` against ``log(lengths)``.
