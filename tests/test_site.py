@@ -4,7 +4,7 @@ Serves ``_build/html`` on 127.0.0.1 and opens every page of the table of content
 fails on: a console error or uncaught JavaScript exception; a failed request or a response
 with status >= 400; any request to a host other than the local server (the site must work
 offline: MathJax and every script are served from the site itself); an image that did not
-load (``naturalWidth == 0``); math that MathJax did not render (every ``.math`` element
+load (``naturalWidth == 0``) or a figure without alt text; math that MathJax did not render (every ``.math`` element
 must hold an ``mjx-container``, and no raw ``$$`` may remain in the text). A solution
 dropdown must open when clicked, and a screenshot of the heatmap page is saved to
 ``_build/screenshots/`` (the CI artifact).
@@ -170,7 +170,15 @@ def _image_problems(page) -> list[str]:
             return imgs.filter(img => !(img.complete && img.naturalWidth > 0)).map(img => img.src);
         }"""
     )
-    return [f"image did not load: {src}" for src in broken]
+    problems = [f"image did not load: {src}" for src in broken]
+    no_alt = page.evaluate(
+        """() => Array.from(document.querySelectorAll('img[src*="_images/"]'))
+            .filter(img => { const alt = (img.getAttribute('alt') || '').trim();
+                             return !alt || /\\.(png|svg|jpe?g)$/i.test(alt); })
+            .map(img => img.getAttribute('src'))"""
+    )
+    problems += [f"figure without alt text (set mystnb.image.alt on its cell): {src}" for src in no_alt]
+    return problems
 
 
 def _math_problems(page) -> list[str]:
