@@ -20,6 +20,7 @@ Explained in the chapter "Attention over time, step by step" (``book/attention.i
 from __future__ import annotations
 
 import math
+import numbers
 from functools import lru_cache
 
 import torch
@@ -37,6 +38,16 @@ DIAG_OPTIONS = (None, "mask", "dropout", "penalty")
 NORM_OPTIONS = (None, "post", "pre")
 
 
+def _is_int(value: object) -> bool:
+    """An integer (Python or NumPy), but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """A real number (Python or NumPy), but not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _check_diag_args(diag: str | None, diag_p: float, diag_penalty: float) -> None:
     """Raise :class:`ConfigError` (a ``ValueError``) naming the bad argument and the allowed values."""
     if not (diag is None or (isinstance(diag, str) and diag in DIAG_OPTIONS)):
@@ -44,12 +55,12 @@ def _check_diag_args(diag: str | None, diag_p: float, diag_penalty: float) -> No
             f"diag={diag!r} is not known; choose one of {DIAG_OPTIONS} "
             "(None: no regularizer, 'mask', 'dropout' or 'penalty' on the diagonal logits)."
         )
-    if isinstance(diag_p, bool) or not isinstance(diag_p, (int, float)) or not 0.0 <= float(diag_p) < 1.0:
+    if not _is_real(diag_p) or not 0.0 <= float(diag_p) < 1.0:
         raise ConfigError(
             f"diag_p={diag_p!r} must be a probability in [0, 1): the chance that a diagonal "
             "logit is dropped (the paper uses 0.2). Use diag='mask' to drop every diagonal entry."
         )
-    if isinstance(diag_penalty, bool) or not isinstance(diag_penalty, (int, float)) or not math.isfinite(diag_penalty):
+    if not _is_real(diag_penalty) or not math.isfinite(float(diag_penalty)):
         raise ConfigError(
             f"diag_penalty={diag_penalty!r} must be a finite number (the paper uses -0.1); "
             "for an infinite penalty use diag='mask'."
@@ -148,8 +159,9 @@ def diagonal_bias(
             the softmax would have nothing to normalise: a NaN).
     """
     _check_diag_args(diag, diag_p, diag_penalty)
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+    if not _is_int(length) or length < 1:
         raise ValueError(f"length={length!r} must be a positive integer (the sequence length T).")
+    length = int(length)
     if dropped is not None and diag != "dropout":
         raise ValueError(
             f"dropped=... fixes a diagonal-dropout pattern, but diag={diag!r}; pass dropped only "
@@ -236,9 +248,9 @@ class TemporalAttention(nn.Module):
         out_proj: bool = True,
     ) -> None:
         super().__init__()
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+        if not _is_int(d_model) or d_model < 1:
             raise ConfigError(f"d_model={d_model!r} must be a positive integer (the channels C).")
-        if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+        if not _is_int(n_heads) or n_heads < 1:
             raise ConfigError(f"n_heads={n_heads!r} must be a positive integer.")
         if d_model % n_heads:
             divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
@@ -247,10 +259,11 @@ class TemporalAttention(nn.Module):
                 f"the divisors of d_model: {divisors[:12]}{' ...' if len(divisors) > 12 else ''}."
             )
         _check_diag_args(diag, diag_p, diag_penalty)
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        if not _is_real(dropout) or not 0.0 <= float(dropout) < 1.0:
             raise ConfigError(f"dropout={dropout!r} must be a probability in [0, 1) (attention dropout).")
         if not (isinstance(norm, (str, type(None))) and norm in NORM_OPTIONS):
             raise ConfigError(f"norm={norm!r} is not known; choose one of {NORM_OPTIONS}.")
+        d_model, n_heads = int(d_model), int(n_heads)
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads

@@ -350,6 +350,15 @@ def test_bad_input_tensor_raises(shape, words):
         assert word in str(info.value), f"{word!r} not in {info.value}"
 
 
+def test_numpy_numbers_are_accepted():
+    np = pytest.importorskip("numpy")
+    layer = ds.TemporalAttention(np.int64(8), np.int64(2), diag="dropout", diag_p=np.float32(0.25))
+    assert (layer.d_model, layer.n_heads, layer.d_head) == (8, 2, 4) and type(layer.d_model) is int
+    assert layer(torch.randn(3, 5, 8)).shape == (3, 5, 8)
+    with pytest.raises(ValueError, match="diag_p"):
+        ds.TemporalAttention(8, 2, diag="dropout", diag_p=True)
+
+
 def test_integer_input_raises():
     with pytest.raises(ValueError, match="floating-point"):
         ds.TemporalAttention(8, 2)(torch.ones(3, 8, dtype=torch.long))
