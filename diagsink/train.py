@@ -205,7 +205,8 @@ def record_attention(
 
     One pass over the training batches of one epoch (the same batch size and the shuffled
     order of a training epoch), in *train* mode (attention dropout and diagonal dropout
-    active, as during training) but without gradients or updates; each batch's attention
+    active, as during training) but without gradients or updates, in float32 (no autocast);
+    each batch's attention
     ``[B, N, H, T, T]`` is averaged over batch and nodes, then over batches (weighted by
     batch size); the per-head maps are kept and the mean over heads gives ``[T, T]``.
     """
@@ -218,8 +219,7 @@ def record_attention(
     total, n = None, 0
     for i in range(0, len(order), t["batch_size"]):
         x, _ = _batch(prepared, order[i : i + t["batch_size"]], m["t_in"], m["t_out"])
-        with _autocast(x.device):
-            _, attn = model(x, return_attention=True)
+        _, attn = model(x, return_attention=True)  # float32 even on CUDA: rows must sum to 1
         s = attn.float().sum(dim=(0, 1))  # [H, T, T]
         total = s if total is None else total + s
         n += attn.shape[0] * attn.shape[1]
