@@ -94,3 +94,11 @@ def test_average_attention_is_explicit():
         plotting.average_attention(attn, axes=("batch", "nodes", "heads"), over=("time",))
     with pytest.raises(ValueError, match=r"\[\*lead, T, T\]"):
         plotting.average_attention(torch.rand(3, 4), axes=())
+
+
+def test_heatmap_labels_can_be_changed_for_other_maps():
+    ax = plotting.attention_heatmap(
+        torch.rand(5, 5), how="sensitivity", label="|dy/dx|", axis_labels=("forecast step", "input step")
+    )
+    assert ax.get_ylabel() == "forecast step" and ax.get_xlabel() == "input step"
+    assert ax.figure.axes[1].get_ylabel() == "|dy/dx|"
