@@ -85,16 +85,19 @@ def _check_dropped(dropped: torch.Tensor, length: int, batch_shape: tuple[int, .
     if dropped.dim() == 0 or dropped.shape[-1] != length:
         raise ValueError(
             f"dropped has shape {tuple(dropped.shape)} but the sequence has T={length} steps; "
-            f"pass a boolean pattern of shape [T] or [..., H, T] = [*{list(batch_shape)}, {n_heads}, {length}]."
+            f"pass a boolean pattern of shape [T] = [{length}] or [..., H, T] = {[*batch_shape, n_heads, length]}."
         )
     if dropped.dim() > 1:
+        target = (*batch_shape, n_heads, length)
         try:
-            torch.broadcast_shapes(tuple(dropped.shape), (*batch_shape, n_heads, length))
+            fits = torch.broadcast_shapes(tuple(dropped.shape), target) == target
         except RuntimeError:
+            fits = False
+        if not fits:
             raise ValueError(
                 f"dropped has shape {tuple(dropped.shape)}, which does not broadcast to the "
                 f"pattern shape [..., H, T] = {[*batch_shape, n_heads, length]}."
-            ) from None
+            )
     if dropped.dtype != torch.bool:
         if dropped.is_floating_point() or dropped.is_complex() or bool(((dropped != 0) & (dropped != 1)).any()):
             raise ValueError("dropped must hold booleans (True = this diagonal logit is set to -inf).")

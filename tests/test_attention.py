@@ -147,6 +147,7 @@ def test_fixed_dropped_pattern_is_honoured():
     [
         (torch.zeros(4, dtype=torch.bool), "T=5"),
         (torch.zeros(3, 2, 5, dtype=torch.bool), "broadcast"),
+        (torch.zeros(1, 2, 2, 5, dtype=torch.bool), "broadcast"),  # more axes than [batch, H, T]
         (torch.full((5,), 0.5), "booleans"),
     ],
 )
