@@ -34,6 +34,7 @@ Functions:
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -576,8 +577,6 @@ def sensitivity_vs_length(
     Returns:
         a :class:`Sweep`. Explained in ``book/bounds.ipynb``.
     """
-    import time
-
     start = time.perf_counter()
     if layer is not None and layer_factory is not None:
         raise ConfigError("pass either layer= (fixed weights) or layer_factory=, not both.")
