@@ -22,8 +22,9 @@ the stub's ``NotImplementedError`` names it, no code hides between the solution 
 without the solution tag). The export refuses a notebook that breaks it, so a solution can
 never leak into a student notebook through an untagged cell.
 
-Command line: ``diagsink course export --out DIR [--no-solutions]`` and
-``diagsink course check``.
+:func:`grade` runs a submitted student notebook and grades every exercise with the registered
+checks. Command line: ``diagsink course export --out DIR [--no-solutions]``,
+``diagsink course grade NOTEBOOK... [--json FILE]`` and ``diagsink course check``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ __all__ = [
     "student_version",
     "instructor_version",
     "export",
+    "Grade",
+    "grade",
     "add_commands",
 ]
 
@@ -512,6 +515,108 @@ def export(
     return ExportReport(out=out, editions=editions, notebooks=names, exercises=n_ex)
 
 
+# --------------------------------------------------------------------------- grading
+
+GRADE_STATUSES = ("pass", "hint", "not attempted", "missing", "error")
+
+
+@dataclass
+class Grade:
+    """The outcome of one exercise in a submitted notebook."""
+
+    label: str
+    status: str  # one of GRADE_STATUSES
+    message: str = ""
+
+
+def _source_chapter(nb, path: Path, root: Path) -> Path:
+    source = (nb.metadata.get("diagsink") or {}).get("source")
+    if source and (root / source).is_file():
+        return root / source
+    for chapter in toc_notebooks(root):
+        if chapter.name == path.name:
+            return chapter
+    raise ConfigError(
+        f"cannot tell which chapter {path} is: it has no diagsink.source metadata (written by "
+        "`diagsink course export`) and no chapter in _toc.yml has its file name; rename it to the chapter's name."
+    )
+
+
+_GRADE_MARK = "DIAGSINK-GRADES "
+
+
+def _grading_cell(targets: list[tuple[str, str]]) -> str:
+    return (
+        "import json as _json\n"
+        "import diagsink as _ds\n"
+        "_grades = {}\n"
+        f"for _label, _name in {targets!r}:\n"
+        "    _fn = globals().get(_name)\n"
+        "    if _fn is None:\n"
+        "        _grades[_label] = ['missing', f'no function {_name!r} is defined']\n"
+        "        continue\n"
+        "    try:\n"
+        "        _r = _ds.exercises.check(_label, _fn)\n"
+        "        _grades[_label] = ['pass' if _r.passed else 'hint', _r.message]\n"
+        "    except NotImplementedError:\n"
+        "        _grades[_label] = ['not attempted', 'the stub still raises NotImplementedError']\n"
+        "    except Exception as _e:\n"
+        "        _grades[_label] = ['error', f'{type(_e).__name__}: {_e}']\n"
+        f"print({_GRADE_MARK!r} + _json.dumps(_grades))\n"
+    )
+
+
+def grade(
+    notebook: str | os.PathLike[str],
+    *,
+    source: str | os.PathLike[str] | None = None,
+    timeout: int = 600,
+) -> list[Grade]:
+    """Grade a submitted student notebook with the registered checks.
+
+    The notebook runs top to bottom in a fresh kernel (errors allowed, in its own folder),
+    without its check cells: a student who edited a check cell cannot change the grade.
+    Then, for every exercise of the chapter (taken from the book's source, not from the
+    submission), the check runs on the function the stub defines, on fresh random inputs.
+
+    Returns one :class:`Grade` per exercise: ``pass``, ``hint`` (wrong; the message says
+    what), ``not attempted`` (the stub is unchanged), ``missing`` (the function is not
+    defined) or ``error`` (the check could not run).
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(notebook)
+    root = find_book_root(source)
+    submitted = _read(path)
+    chapter = _read(_source_chapter(submitted, path, root))
+    targets: list[tuple[str, str]] = []
+    for label, ex in exercises_of(chapter).items():
+        if ex.stubs:
+            names = sorted(_defined_names(_src(chapter.cells[ex.stubs[0]])))
+            if names:
+                targets.append((label, names[0]))
+    run = nbformat.v4.new_notebook(metadata=submitted.metadata)
+    run.cells = [copy.deepcopy(c) for c in submitted.cells if not (c.cell_type == "code" and CHECK_TAG in _tags(c))]
+    run.cells.append(nbformat.v4.new_code_cell(_grading_cell(targets)))
+    NotebookClient(
+        run,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+    ).execute()
+    import json
+
+    printed = "".join(o.get("text", "") for o in run.cells[-1].outputs if o.output_type == "stream")
+    line = next((ln for ln in printed.splitlines() if ln.startswith(_GRADE_MARK)), None)
+    if line is None:
+        errors = [f"{o.ename}: {o.evalue}" for o in run.cells[-1].outputs if o.output_type == "error"]
+        return [Grade(label, "error", "; ".join(errors) or "the grading cell printed nothing") for label, _ in targets]
+    found = json.loads(line[len(_GRADE_MARK) :])
+    return [Grade(label, *found[label]) for label, _ in targets]
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -522,6 +627,25 @@ def _cmd_export(args: argparse.Namespace) -> int:
     print(f"{report.exercises} exercises; chapters: {', '.join(report.notebooks)}")
     if not args.solutions:
         print("no instructor notebooks written (--no-solutions)")
+    return 0
+
+
+def _cmd_grade(args: argparse.Namespace) -> int:
+    import json
+
+    report: dict[str, list[dict[str, str]]] = {}
+    for notebook in args.notebooks:
+        if not Path(notebook).is_file():
+            raise FileNotFoundError(f"{notebook} does not exist: pass the path of a submitted .ipynb")
+        grades = grade(notebook, source=args.source, timeout=args.timeout)
+        passed = sum(g.status == "pass" for g in grades)
+        print(f"{notebook}: {passed}/{len(grades)} passed")
+        for g in grades:
+            print(f"  {g.status:14s} {g.label}  {g.message}")
+        report[str(notebook)] = [{"label": g.label, "status": g.status, "message": g.message} for g in grades]
+    if args.json:
+        atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
+        print(f"grades written to {args.json}")
     return 0
 
 
@@ -540,7 +664,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def add_commands(subparsers) -> None:
-    """Register ``diagsink course export`` and ``diagsink course check``."""
+    """Register ``diagsink course export``, ``grade`` and ``check``."""
     course = subparsers.add_parser("course", help="student and instructor notebooks for teaching")
     sub = course.add_subparsers(dest="course_command", metavar="ACTION")
     sub.required = True
@@ -560,6 +684,19 @@ def add_commands(subparsers) -> None:
     )
     exp.add_argument("--source", default=None, metavar="ROOT", help="folder holding _toc.yml (default: found from here)")
     exp.set_defaults(func=_cmd_export)
+
+    grd = sub.add_parser(
+        "grade",
+        help="grade submitted student notebooks with the registered checks",
+        description="Run each submitted notebook (without its check cells) and then the registered "
+        "check of every exercise of its chapter on the student's function; print pass / hint / "
+        "not attempted / missing per exercise.",
+    )
+    grd.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="submitted .ipynb files")
+    grd.add_argument("--json", default=None, metavar="FILE", help="also write the grades as JSON")
+    grd.add_argument("--timeout", type=int, default=600, help="seconds per cell (default: 600)")
+    grd.add_argument("--source", default=None, metavar="ROOT", help="folder holding _toc.yml (default: found from here)")
+    grd.set_defaults(func=_cmd_grade)
 
     chk = sub.add_parser("check", help="check the exercise pattern of every chapter (no execution)")
     chk.add_argument("--source", default=None, metavar="ROOT", help="folder holding _toc.yml (default: found from here)")

@@ -364,3 +364,32 @@ def test_exported_chapter_executes(path: Path, tmp_path: Path):
     assert json.loads(student.read_text())["metadata"]["diagsink"]["edition"] == "student"
     problems = _run_both_editions(student, instructor, out / "student")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_grade_submissions(mini_book: Path, tmp_path: Path, capsys):
+    """Three submissions of the exported student notebook: untouched, solved, wrong (and with
+    a tampered check cell, which must not change the grade)."""
+    out = tmp_path / "out"
+    course.export(out, source=mini_book, solutions=False)
+    student = nbformat.read(str(out / "student" / "demo.ipynb"), as_version=4)
+    stub_index = next(i for i, c in enumerate(student.cells) if course.STUB_TAG in c.metadata.get("tags", []))
+    check_index = next(i for i, c in enumerate(student.cells) if course.CHECK_TAG in c.metadata.get("tags", []))
+    subs = tmp_path / "submissions"
+    subs.mkdir()
+    nbformat.write(student, str(subs / "untouched.ipynb"))
+    solved = nbformat.from_dict(json.loads(nbformat.writes(student)))
+    solved.cells[stub_index].source = SOLUTION
+    nbformat.write(solved, str(subs / "solved.ipynb"))
+    wrong = nbformat.from_dict(json.loads(nbformat.writes(student)))
+    wrong.cells[stub_index].source = "def row_softmax(scores):\n    return torch.softmax(scores, dim=-2)\n"
+    wrong.cells[check_index].source = 'print("PASS [ex-course-softmax]")'  # tampering changes nothing
+    nbformat.write(wrong, str(subs / "wrong.ipynb"))
+    report = tmp_path / "grades.json"
+    args = ["course", "grade", "--source", str(mini_book), "--json", str(report)]
+    assert main(args + [str(subs / n) for n in ("untouched.ipynb", "solved.ipynb", "wrong.ipynb")]) == 0
+    grades = {Path(k).stem: v[0] for k, v in json.loads(report.read_text()).items()}
+    assert grades["untouched"]["status"] == "not attempted"
+    assert grades["solved"]["status"] == "pass"
+    assert grades["wrong"]["status"] == "hint" and "last dimension" in grades["wrong"]["message"]
+    assert "1/1 passed" in capsys.readouterr().out
