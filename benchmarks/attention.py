@@ -5,6 +5,7 @@ Usage::
     python benchmarks/attention.py            # small sizes (quick; about a minute on 2 CPU cores)
     python benchmarks/attention.py --full     # the sizes: 64 x 207 sequences of T = 12, and T = 288, 1024
     python benchmarks/attention.py --rounds 9 --threads 2 --device cuda
+    python benchmarks/attention.py --threads 1 --clock cpu   # steadier on a busy shared CPU
 
 Shapes: METR-LA-like (batch x 207 nodes, T = 12, C = 64, 8 heads) and long sequences
 (T = 288 and 1024, a smaller batch). For each shape every variant runs a training step's
@@ -12,7 +13,10 @@ forward and backward pass (``y.backward(g)``, train mode, no attention dropout, 
 without the residual so that it computes exactly what ``nn.MultiheadAttention`` computes).
 The variants are timed in interleaved rounds (so a load spike on a shared machine hits all
 of them alike); the table reports the best and the median round and the ratios of the best
-rounds, all measured in this one run.
+rounds, all measured in this one run. ``--clock wall`` (default) measures elapsed time;
+``--clock cpu`` measures the CPU time this process used (``time.process_time``), which
+other processes on a busy machine disturb much less (use it with ``--threads 1``; on a GPU
+only wall time is meaningful).
 
 Targets (flagged in the output):
 
@@ -97,6 +101,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+CLOCK = time.perf_counter  # set by --clock
+
+
 def bench_shape(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device: torch.device) -> dict[str, list[float]]:
     torch.manual_seed(0)
     mods = variants(C, H)
@@ -115,10 +122,10 @@ def bench_shape(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, devi
             for p in mods[name][0].parameters():
                 p.grad = None
             sync(device)
-            start = time.perf_counter()
+            start = CLOCK()
             run()
             sync(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(CLOCK() - start)
     return times
 
 
@@ -140,20 +147,20 @@ def diagnose(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device:
     for _ in range(rounds + 1):
         for name, mask in (("none", None), ("mask", bias)):
             sync(device)
-            start = time.perf_counter()
+            start = CLOCK()
             torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).backward(g)
             sync(device)
-            core[name].append(time.perf_counter() - start)
+            core[name].append(CLOCK() - start)
     none, masked = min(core["none"][1:]), min(core["mask"][1:])
     builds = {}
     for name, kw in (("penalty", {"diag": "penalty"}), ("dropout", {"diag": "dropout", "training": True})):
         reps = 200
         sync(device)
-        start = time.perf_counter()
+        start = CLOCK()
         for _ in range(reps):
             ds.diagonal_bias(T, device=device, **kw)
         sync(device)
-        builds[name] = (time.perf_counter() - start) / reps
+        builds[name] = (CLOCK() - start) / reps
     return (
         f"cause: scaled_dot_product_attention alone (fwd+bwd) takes {1e3 * none:.1f} ms without a mask and "
         f"{1e3 * masked:.1f} ms with the [T, T] bias ({masked / none:.2f} x); building the bias takes "
@@ -197,18 +204,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per variant (default 7 quick, 5 full)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: ds.settings().device)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time or this process's CPU time")
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--heads", type=int, default=8)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     device = torch.device(args.device or ds.settings().device)
     shapes = FULL_SHAPES if args.full else QUICK_SHAPES
     rounds = args.rounds or (5 if args.full else 7)
     print("# TemporalAttention vs nn.MultiheadAttention: forward + backward, float32, train mode")
     print(
         f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, "
-        f"python {platform.python_version()}, {'full' if args.full else 'quick'} sizes, {rounds} rounds"
+        f"python {platform.python_version()}, {'full' if args.full else 'quick'} sizes, {rounds} rounds, "
+        f"{args.clock} clock"
     )
     started = time.perf_counter()
     missed: list[str] = []
