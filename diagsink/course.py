@@ -16,6 +16,9 @@ From this one source, :func:`export` writes
   ``{solution-end}`` cells removed, stubs and checks kept, outputs empty;
 * ``DIR/instructor/<name>.ipynb``: every cell, outputs empty.
 
+Folders next to the chapters (``book/results/`` with the result artifacts, images) are
+copied into both editions, so the notebooks' relative paths keep working there.
+
 :func:`exercise_problems` checks the pattern statically (each stub has exactly one solution
 and one check with the same label, the label is registered in :mod:`diagsink.exercises`,
 the stub's ``NotImplementedError`` names it, no code hides between the solution markers
@@ -40,7 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._io import atomic_write_text
+from ._io import atomic_write_bytes, atomic_write_text
 from .errors import ConfigError
 
 __all__ = [
@@ -487,6 +490,16 @@ def export(
 
     import nbformat
 
+    # folders next to the chapters (e.g. book/results/ with the result artifacts) travel with
+    # them, so relative paths in the notebooks keep working; no symbolic links are followed
+    book = root / "book"
+    assets = sorted(
+        p
+        for d in (book.iterdir() if book.is_dir() else [])
+        if d.is_dir() and not d.is_symlink() and not d.name.startswith(("_", "."))
+        for p in d.rglob("*")
+        if p.is_file() and not p.is_symlink() and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(book).parts)
+    )
     editions = ["student"] + (["instructor"] if solutions else [])
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".diagsink-export-", dir=out))
@@ -499,6 +512,9 @@ def export(
                     raise ConfigError(f"refusing to write {target}: it is outside {out}")
                 nb = student if edition == "student" else instructor
                 atomic_write_text(target, nbformat.writes(nb) + "\n")
+            for asset in assets:
+                rel = asset.relative_to(book)
+                atomic_write_bytes(folder / rel, asset.read_bytes())
             atomic_write_text(
                 folder / EXPORT_MARKER,
                 f"written by `diagsink course export` ({edition} edition); safe to delete and re-export.\n",

@@ -73,6 +73,10 @@ def mini_book(tmp_path: Path) -> Path:
         "format: jb-book\nroot: book/intro\nparts:\n  - caption: Demo\n    chapters:\n      - file: book/demo\n"
     )
     (root / "book" / "intro.md").write_text("# Intro\n")
+    (root / "book" / "results" / "quick").mkdir(parents=True)  # artifacts the chapters read by relative path
+    (root / "book" / "results" / "quick" / "run.json").write_text('{"mae": 1.0}')
+    (root / "book" / "_static").mkdir()
+    (root / "book" / "_static" / "site.css").write_text("")
     nbformat.write(demo_notebook(), str(root / "book" / "demo.ipynb"))
     return root
 
@@ -181,6 +185,9 @@ def test_export_cli_writes_student_and_instructor(mini_book: Path, tmp_path: Pat
     instructor = nbformat.read(str(out / "instructor" / "demo.ipynb"), as_version=4)
     assert "amax" not in _sources(student) and "amax" in _sources(instructor)
     assert sorted(p.name for p in out.iterdir()) == ["instructor", "student"]  # no staging left
+    for edition in ("student", "instructor"):  # folders next to the chapters travel with them
+        assert json.loads((out / edition / "results" / "quick" / "run.json").read_text()) == {"mae": 1.0}
+        assert not (out / edition / "_static").exists()
     # a second export replaces the first (the folders are ours: they carry the marker)
     (out / "student" / "stale.ipynb").write_text("{}")
     assert main(["course", "export", "--out", str(out), "--source", str(mini_book)]) == 0
