@@ -575,6 +575,7 @@ def reproduce(
                             print(f"skip {paths['json']} (finished)")
                         done.append(paths["json"])
                         continue
+                    print(f"redo {paths['json']}: it was made with another configuration of {cfg['protocol']!r}")
                 except ArtifactError as exc:
                     print(f"redo {paths['json']}: {exc}")
             if prepared is None:

@@ -174,3 +174,9 @@ def test_cli_reports_bad_input(capsys):
         main(["train", "--variant", "diag-mask"])
     assert main(["reproduce", "--protocol", "quick", "--seeds", "1", "--variants", "none,masked"]) == 2
     assert "masked" in capsys.readouterr().err
+
+
+def test_time_limit_stops_before_an_epoch_that_would_overrun():
+    cfg = tiny(**{"train.epochs": 4, "train.time_limit_s": 1e-6})
+    art = train_run(cfg, "none", 0, data=toy_data(), device="cpu", write=False, progress=False)
+    assert art["stopped"] == "time_limit" and art["epochs_run"] == 1

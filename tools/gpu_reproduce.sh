@@ -13,6 +13,10 @@ set -euo pipefail
 OUT="${1:-book/results}"
 PY="${PYTHON:-python}"
 LOG="$OUT/book/gpu_reproduce.log"
+if [ -z "${DIAGSINK_DATA:-}" ]; then
+  echo "error: set DIAGSINK_DATA to the METR-LA folder (metr-la.h5 + graph files); the GPU machine cannot download it." >&2
+  exit 2
+fi
 mkdir -p "$OUT/book"
 {
   echo "== provenance =="
