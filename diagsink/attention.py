@@ -67,7 +67,12 @@ def _check_diag_args(diag: str | None, diag_p: float, diag_penalty: float) -> No
         )
 
 
-@lru_cache(maxsize=64)
+#: Longest sequence whose constant bias is cached (longer ones are cheap to rebuild relative
+#: to the attention itself, and caching them would hold megabytes per entry).
+_CACHE_MAX_T = 256
+
+
+@lru_cache(maxsize=32)
 def _constant_bias(length: int, value: float, dtype: torch.dtype, device: torch.device | None) -> torch.Tensor:
     """``[T, T]`` zeros with ``value`` on the diagonal; cached, so never modify it in place.
 
@@ -145,8 +150,9 @@ def diagonal_bias(
             ``diag="dropout"``.
         generator: optional random generator for the dropout draw.
         dtype, device: of the returned bias.
-        cache: return a cached tensor for the deterministic biases (``"mask"``, ``"penalty"``);
-            the caller must then never modify it in place. :class:`TemporalAttention` uses this.
+        cache: return a cached tensor for the deterministic biases (``"mask"``, ``"penalty"``)
+            of sequences up to ``T = 256``; the caller must then never modify it in place.
+            :class:`TemporalAttention` uses this inside its forward pass.
 
     Returns:
         ``None`` when there is nothing to add (``diag=None``; dropout in eval mode, with
@@ -181,8 +187,9 @@ def diagonal_bias(
                 "'penalty' (dropout never drops the only key)."
             )
         value = float(diag_penalty) if diag == "penalty" else float("-inf")
-        bias = _constant_bias(length, value, dtype, device)
-        return bias if cache else bias.clone()
+        if cache and length <= _CACHE_MAX_T:
+            return _constant_bias(length, value, dtype, device)
+        return _constant_bias.__wrapped__(length, value, dtype, device)
     # diag == "dropout"
     if dropped is None:
         if not training or diag_p == 0.0 or length < 2:
