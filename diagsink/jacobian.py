@@ -207,15 +207,18 @@ def decompose(
         residual[idx, :, idx, :] = torch.eye(C, dtype=x.dtype, device=x.device)
     return {
         "residual": residual,
-        "value": value.permute(0, 2, 1, 3),
-        "key": key.permute(0, 2, 1, 3),
+        "value": value.permute(0, 2, 1, 3).contiguous(),  # [i, j, a, b] -> [i, a, j, b]
+        "key": key.permute(0, 2, 1, 3).contiguous(),
         "query": query,
     }
 
 
 def total(paths: dict[str, torch.Tensor]) -> torch.Tensor:
     """Sum of the paths returned by :func:`decompose`: the full Jacobian ``[T, C, T, C]``."""
-    return sum(paths[name] for name in PATHS)
+    out = paths[PATHS[0]].clone()
+    for name in PATHS[1:]:
+        out += paths[name]
+    return out
 
 
 def autograd_jacobian(
