@@ -400,3 +400,11 @@ def test_grade_submissions(mini_book: Path, tmp_path: Path, capsys):
     assert grades["solved"]["status"] == "pass"
     assert grades["wrong"]["status"] == "hint" and "last dimension" in grades["wrong"]["message"]
     assert "1/1 passed" in capsys.readouterr().out
+
+
+def test_course_check_cli(mini_book: Path, capsys):
+    assert main(["course", "check", "--source", str(mini_book)]) == 0
+    assert "1 exercises" in capsys.readouterr().out
+    nbformat.write(demo_notebook(check_label="ex-course-typo"), str(mini_book / "book" / "demo.ipynb"))
+    assert main(["course", "check", "--source", str(mini_book)]) == 2
+    assert "0 check cells" in capsys.readouterr().err
