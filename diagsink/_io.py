@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "sha256_file"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "sha256_file", "ensure_writable_dir"]
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -59,3 +59,34 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
         for block in iter(lambda: handle.read(chunk), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def ensure_writable_dir(path: str | os.PathLike[str], option: str = "--out") -> Path:
+    """Create folder ``path`` if needed and prove it is writable (a probe file); return it.
+
+    Called before long work starts, so an unwritable results folder fails at once and not
+    after the first epoch. ``os.access`` alone is not enough (root passes it, read-only mounts
+    fool it), so a probe file is really created and removed.
+
+    Raises:
+        PermissionError: naming the folder (and ``option``, the setting that chose it) and the fix.
+    """
+    folder = Path(os.path.abspath(path))
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise NotADirectoryError(
+            f"{option} {folder}: {blocker} is a file, not a folder. Fix: choose another {option} folder."
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(f"no write permission for {folder}")
+        fd, probe = tempfile.mkstemp(prefix=".diagsink-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise PermissionError(
+            f"{option} {folder} is not writable ({exc.strerror or exc}). Fix: choose a writable folder with "
+            f"{option} or fix its permissions."
+        ) from exc
+    return folder

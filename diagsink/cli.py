@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__
 from .errors import DiagsinkError
@@ -33,9 +34,16 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """``argparse`` with the package's error format: one ``error:`` line, status 2 (subparsers inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="diagsink",
         description="Temporal attention and its diagonal sink: data, training, figures, course material.",
     )
@@ -60,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (DiagsinkError, ValueError, FileNotFoundError, PermissionError) as exc:
+    except (DiagsinkError, ValueError, OSError) as exc:  # OSError: unwritable or missing paths
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

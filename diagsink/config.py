@@ -21,6 +21,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,11 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
     _check(cfg, SCHEMA, "")
     m, t, r, d = cfg["model"], cfg["train"], cfg["regularizers"], cfg["data"]
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", cfg["protocol"]):
+        raise ConfigError(
+            f"protocol {cfg['protocol']!r} names the results folder, so it must be a plain name (letters, digits, "
+            "'-', '_'; no '/' or '..'); e.g. 'custom-small'."
+        )
     if cfg["protocol"] not in PROTOCOLS and not cfg["protocol"].startswith("custom"):
         raise ConfigError(
             f"protocol {cfg['protocol']!r} is not known; choose one of {', '.join(PROTOCOLS)} "
@@ -134,7 +140,8 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("train.time_limit_s must be null (no limit) or > 0 seconds.")
     if d["split_order"] not in ("dcrnn", "split-first"):
         raise ConfigError(f"data.split_order = {d['split_order']!r}; allowed: dcrnn, split-first.")
-    if len(d["ratios"]) != 3 or abs(sum(d["ratios"]) - 1) > 1e-9:
+    ratios_ok = all(isinstance(x, _NUM) and not isinstance(x, bool) and x >= 0 for x in d["ratios"])
+    if len(d["ratios"]) != 3 or not ratios_ok or abs(sum(d["ratios"]) - 1) > 1e-9:
         raise ConfigError(f"data.ratios = {d['ratios']} must be three fractions (train, val, test) summing to 1.")
     if cfg["seeds"] < 1:
         raise ConfigError("seeds must be >= 1.")
@@ -156,7 +163,13 @@ def load_config(protocol: str | Path) -> dict[str, Any]:
     try:
         cfg = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config {protocol} is not valid YAML: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(
+            f"config {protocol} is not valid YAML ({problem}{where}). Fix the file (compare with "
+            "diagsink/configs/quick.yaml) or pass one of " + ", ".join(PROTOCOLS) + "."
+        ) from exc
     return validate_config(cfg)
 
 

@@ -156,6 +156,10 @@ class TSModel(nn.Module):
     ) -> None:
         super().__init__()
         kwargs = variant_attention_kwargs(variant, diag_p=diag_p, diag_penalty=diag_penalty)
+        for name, value in (("n_nodes", n_nodes), ("depth", depth), ("t_in", t_in), ("t_out", t_out)):
+            if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < 1:
+                where = "the number of sensors" if name == "n_nodes" else f"config key model.{name}"
+                raise ConfigError(f"TSModel {name}={value!r} must be a positive integer ({where}).")
         self.variant = variant
         self.n_nodes, self.t_in, self.t_out = n_nodes, t_in, t_out
         self.speed_embed = nn.Linear(1, d_model)

@@ -101,6 +101,10 @@ def split_windows(n_steps: int, t_in: int = 12, t_out: int = 12,
             raise DataError(f"a series of {n_steps} steps has {max(n_windows, 0)} windows of {width} steps; "
                             f"need at least 3. Fix: load more data (a longer slice or the full metr-la.h5).")
         n_train, n_val, n_test = split_sizes(n_windows, ratios)
+        for name, count in (("train", n_train), ("val", n_val), ("test", n_test)):
+            if count < 1:  # e.g. 3 windows at (0.7, 0.1, 0.2): round(0.3) = 0 validation windows
+                raise DataError(f"the {name} part gets {max(count, 0)} of the {n_windows} windows of {width} steps "
+                                f"(ratios {tuple(ratios)}). Fix: load more data, or give every part a ratio > 0.")
         starts = torch.arange(n_windows)
         return Splits(starts[:n_train], starts[n_train:n_train + n_val], starts[n_windows - n_test:],
                       order, t_in, t_out)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["Settings", "settings", "pick", "default_device"]
+__all__ = ["Settings", "settings", "pick", "default_device", "check_device"]
 
 T = TypeVar("T")
 
@@ -56,6 +56,36 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_device(name: str, source: str = "--device") -> str:
+    """Return ``name`` if PyTorch can run on it here (``cpu``, ``cuda``, ``cuda:<k>``, ``mps``).
+
+    Raises:
+        ValueError: an unknown device name or a GPU this machine does not have; the message
+            says which devices work (``source`` names where the value came from).
+    """
+    import re
+
+    value = str(name).strip().lower()
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", value):
+        raise ValueError(f"{source}={name!r} is not a device; use cpu or cuda (cuda:<k> for the k-th GPU).")
+    if value.startswith("cuda"):
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        k = int(value.partition(":")[2] or 0)
+        if k >= count:
+            raise ValueError(
+                f"{source}={name!r}: this PyTorch sees {count} CUDA GPU(s). Fix: use cpu, or install a CUDA build "
+                "of PyTorch on a machine with a GPU (see the README, section GPU)."
+            )
+    if value == "mps":
+        import torch
+
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"{source}={name!r}: MPS (Apple GPU) is not available here. Fix: use cpu.")
+    return value
+
+
 def _parse_quick(raw: str) -> bool:
     value = raw.strip().lower()
     if value in _TRUE:
@@ -72,12 +102,14 @@ def settings() -> Settings:
     """Read the switches from the environment (cheap; call it whenever you need them).
 
     Raises:
-        ValueError: if ``DIAGSINK_QUICK`` holds something other than 0/1/true/false.
+        ValueError: if ``DIAGSINK_QUICK`` holds something other than 0/1/true/false, or
+            ``DIAGSINK_DEVICE`` names a device that is unknown or absent (:func:`check_device`).
     """
     quick = _parse_quick(os.environ.get("DIAGSINK_QUICK", ""))
     data_env = os.environ.get("DIAGSINK_DATA", "").strip()
     data_root = Path(data_env).expanduser() if data_env else _user_cache_dir() / "metr-la"
-    device = os.environ.get("DIAGSINK_DEVICE", "").strip() or default_device()
+    device_env = os.environ.get("DIAGSINK_DEVICE", "").strip()
+    device = check_device(device_env, "DIAGSINK_DEVICE") if device_env else default_device()
     return Settings(quick=quick, data_root=data_root, device=device)
 
 

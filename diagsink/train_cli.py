@@ -22,17 +22,39 @@ __all__ = ["add_commands"]
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", default="quick", help=f"one of {', '.join(PROTOCOLS)} or a YAML file (default quick)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: DIAGSINK_DEVICE, else cuda if available)")
+    p.add_argument("--device", default=None, type=_device,
+                   help="cpu or cuda (default: DIAGSINK_DEVICE, else cuda if available)")
     p.add_argument("--out", default="book/results", help="results folder (default book/results)")
     p.add_argument("--data", default=None, help="METR-LA folder (default: DIAGSINK_DATA)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _device(text: str) -> str:
+    from .settings import check_device
+
+    try:
+        return check_device(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _seed(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; seeds are 0, 1, 2, ...") from None
     if value < 0:
         raise argparse.ArgumentTypeError("seeds are non-negative integers")
     return value
+
+
+def _writable(args: argparse.Namespace, protocol: str, variant: str) -> None:
+    """Fail before loading data or training: the artifact paths stay inside a writable ``--out``."""
+    from ._io import ensure_writable_dir
+    from .train import run_paths
+
+    run_paths(args.out, protocol, variant, 0)  # a protocol name that would leave --out is refused here
+    ensure_writable_dir(args.out, "--out")
 
 
 def _data(args: argparse.Namespace):
@@ -46,6 +68,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .train import run_paths, train_run
 
     cfg = load_config(args.protocol)
+    _writable(args, cfg["protocol"], args.variant)
     art = train_run(cfg, args.variant, args.seed, data=_data(args), device=args.device, out_dir=args.out,
                     progress=not args.no_progress)
     path = run_paths(args.out, cfg["protocol"], args.variant, args.seed)["json"]
@@ -67,6 +90,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         raise ValueError(f"unknown variant {bad[0]!r}; choose from {', '.join(VARIANTS)}.")
+    _writable(args, cfg["protocol"], variants[0])
     paths = reproduce(cfg, seeds, variants=variants, device=args.device, out_dir=args.out, data=_data(args),
                       progress=not args.no_progress)
     print(f"{len(paths)} artifacts in {args.out}/{cfg['protocol']}")
