@@ -253,6 +253,73 @@ class RestrictedUnpickler(pickle.Unpickler):
         return getattr(np, name)
 
 
+class _HDFAttributeUnpickler(pickle.Unpickler):
+    """What PyTables may unpickle from an HDF speed file: pandas' date offsets (the index ``freq``), nothing else."""
+
+    refused: list[str]
+
+    def find_class(self, module: str, name: str):  # noqa: D102
+        if module == "pandas._libs.tslibs.offsets" and name.isidentifier() and name[:1].isupper():
+            cls = getattr(__import__(module, fromlist=[name]), name, None)
+            from pandas.tseries.offsets import BaseOffset
+
+            if isinstance(cls, type) and issubclass(cls, BaseOffset):
+                return cls
+        self.refused.append(f"{module}.{name}")
+        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+
+
+class _SafePickle:
+    """Stands in for the ``pickle`` module inside PyTables while a speed file is read.
+
+    PyTables unpickles every attribute that looks pickled as soon as a node's attributes are
+    opened, and object arrays with ``pickle.loads``; a crafted ``.h5`` could run code that way.
+    Here only pandas' date offsets are admitted; anything else is refused (PyTables then keeps the
+    raw bytes) and recorded in ``refused``.
+    """
+
+    def __init__(self) -> None:
+        self.refused: list[str] = []
+
+    def __getattr__(self, name: str):  # constants such as HIGHEST_PROTOCOL, dumps for writing
+        return getattr(pickle, name)
+
+    def loads(self, data, *, encoding: str = "ASCII", errors: str = "strict", **_ignored):
+        unpickler = _HDFAttributeUnpickler(io.BytesIO(bytes(data)), encoding=encoding, errors=errors)
+        unpickler.refused = self.refused
+        return unpickler.load()
+
+
+class _restricted_pytables:
+    """Context manager: PyTables (attributes and object atoms) unpickles through :class:`_SafePickle`.
+
+    Raises :class:`DataError` on exit if the file asked for any other global.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.safe = _SafePickle()
+
+    def __enter__(self) -> None:
+        import tables.atom
+        import tables.attributeset
+
+        self.modules = (tables.atom, tables.attributeset)
+        self.saved = [m.pickle for m in self.modules]
+        for m in self.modules:
+            m.pickle = self.safe
+
+    def __exit__(self, *exc) -> None:
+        for m, saved in zip(self.modules, self.saved):
+            m.pickle = saved
+        if self.safe.refused:
+            raise DataError(
+                f"{self.path} holds pickled data asking for {self.safe.refused[0]}, which a METR-LA speed file never "
+                "needs; refusing to use it (it may be tampered with). Fix: delete it and run "
+                f"`diagsink data download --force --root {self.path.parent}`."
+            )
+
+
 def load_adj_pickle(path: str | Path) -> tuple[list[str], dict[str, int], np.ndarray]:
     """Read DCRNN's ``adj_mx.pkl`` safely: ``(sensor_ids, sensor_id_to_ind, adj_mx)``.
 
@@ -318,7 +385,7 @@ def read_speed(path: str | Path) -> pd.DataFrame:
     """
     path = Path(path)
     try:
-        with pd.HDFStore(path, mode="r") as store:
+        with _restricted_pytables(path), pd.HDFStore(path, mode="r") as store:
             keys = store.keys()
             if "/df" in keys:
                 key = "/df"
@@ -394,7 +461,10 @@ def read_speed_arrays(path: str | Path) -> tuple[np.ndarray, pd.DatetimeIndex, l
     """
     path = Path(path)
     try:
-        fast = _read_fixed_arrays(path)
+        with _restricted_pytables(path):
+            fast = _read_fixed_arrays(path)
+    except DataError:
+        raise
     except Exception:  # truncated or foreign file: let read_speed produce the message
         fast = None
     if fast is not None:
