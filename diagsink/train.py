@@ -35,6 +35,7 @@ import math
 import os
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,7 +47,8 @@ from tqdm import tqdm
 from . import __version__
 from ._io import atomic_write_bytes
 from .config import config_hash, load_config
-from .errors import ConfigError
+from .settings import check_device
+from .errors import ConfigError, DiagsinkError
 from .model import VARIANTS, TSModel
 
 __all__ = [
@@ -386,7 +388,7 @@ def train_run(
     if isinstance(cfg, str):
         cfg = load_config(cfg)
     name = run_name(variant, seed)
-    device_t = torch.device(device or settings().device)
+    device_t = torch.device(check_device(str(device)) if device else settings().device)
     if device_t.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -396,9 +398,9 @@ def train_run(
 
             data = load_metr_la()
         prepared = prepare(data, cfg, device_t)
-    paths = run_paths(out_dir, cfg["protocol"], variant, seed) if write else None
     if write and out_dir is None:
         raise ConfigError("train_run(write=True) needs out_dir (the results folder).")
+    paths = run_paths(out_dir, cfg["protocol"], variant, seed) if write else None
 
     m, t = cfg["model"], cfg["train"]
     torch.manual_seed(seed)
@@ -410,7 +412,12 @@ def train_run(
     stopped = "max_epochs"
     resumed_from = None
     if write and paths["checkpoint"].exists():
-        ck = torch.load(paths["checkpoint"], map_location="cpu", weights_only=True)
+        try:
+            ck = torch.load(paths["checkpoint"], map_location="cpu", weights_only=True)
+        except Exception as exc:  # damaged or foreign file (our own writes are atomic): start over
+            warnings.warn(f"ignoring the unreadable checkpoint {paths['checkpoint']} ({type(exc).__name__}); "
+                          "the run starts from epoch 0.", stacklevel=2)
+            ck = {}
         if ck.get("config_hash") == chash and ck.get("variant") == variant and ck.get("seed") == seed:
             model.load_state_dict(ck["model"])
             optimizer.load_state_dict(ck["optimizer"])
@@ -459,6 +466,12 @@ def train_run(
         val_mae = float(masked_mae(*predict(model, prepared, prepared.val, cfg)))
         train_time += time.perf_counter() - t0
         history.append({"epoch": epoch, "lr": lr_at(epoch, cfg), "train_mae": float(loss_sum) / loss_n, "val_mae": val_mae})
+        if not (math.isfinite(history[-1]["train_mae"]) and math.isfinite(val_mae)):
+            raise DiagsinkError(
+                f"{cfg['protocol']}/{name}: training diverged in epoch {epoch} (train MAE {history[-1]['train_mae']}, "
+                f"validation MAE {val_mae}). Fix: lower train.lr (now {t['lr']}) or train.clip (now {t['clip']}) "
+                "in the protocol; the last finite epoch's checkpoint is kept."
+            )
         if val_mae < best_val - t["min_delta"]:
             best_val, best_epoch, bad = val_mae, epoch, 0
             best_state = _cpu_state(model)
@@ -561,7 +574,7 @@ def reproduce(
 
     if isinstance(cfg, str):
         cfg = load_config(cfg)
-    device_t = torch.device(device or settings().device)
+    device_t = torch.device(check_device(str(device)) if device else settings().device)
     prepared = None
     done: list[Path] = []
     for seed in range(seeds):
