@@ -222,7 +222,8 @@ def attention_heatmap(
     ax.set_title(f"{title}\n{how}" if title else how)
     if colorbar:
         bar = ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-        bar.set_label(label)
+        if label:
+            bar.set_label(label)
     return ax
 
 
@@ -266,11 +267,15 @@ def variant_panel(
         raise ValueError(f"the maps have different sizes {[tuple(m.shape) for m in mats]}; use one T for the panel.")
     vmin = min(float(m.min()) for m in mats) if shared_scale else None
     vmax = max(float(m.max()) for m in mats) if shared_scale else None
-    fig, axs = plt.subplots(1, len(mats), figsize=(panel_width * len(mats) + 0.8, panel_width + 0.6), squeeze=False)
+    width = (panel_width + (0.0 if shared_scale else 0.7)) * len(mats) + 0.8
+    fig, axs = plt.subplots(1, len(mats), figsize=(width, panel_width + 0.9), squeeze=False, layout="constrained")
     axs = axs[0]
-    for ax, m, label in zip(axs, mats, labels):
-        attention_heatmap(m, ax, how=label, vmin=vmin, vmax=vmax, colorbar=not shared_scale)
-        if ax is not axs[0]:
+    for k, (ax, m, label) in enumerate(zip(axs, mats, labels)):
+        last = k == len(mats) - 1
+        attention_heatmap(
+            m, ax, how=label, vmin=vmin, vmax=vmax, colorbar=not shared_scale, label=_CBAR_LABEL if last else ""
+        )
+        if k:
             ax.set_ylabel("")
     if shared_scale:
         bar = fig.colorbar(axs[-1].images[0], ax=list(axs), fraction=0.02, pad=0.02)
