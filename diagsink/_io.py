@@ -19,7 +19,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
 
     Raises:
-        PermissionError / OSError: with the folder named, if it cannot be written.
+        OSError: (``PermissionError`` included) with the folder named, if it cannot be written.
     """
     path = Path(path)
     folder = path.parent
