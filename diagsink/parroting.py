@@ -85,13 +85,12 @@ class ParrotTask:
 
 
 class Batch(NamedTuple):
-    """One batch of the task.
+    """One batch of the task, with four fields.
 
-    Attributes:
-        inputs: ``[n, T, 1]`` the observed series ``x``.
-        target: ``[n, T − lag]`` the targets ``y_t = x_{t−lag}`` for the scored steps ``t ≥ lag``.
-        last: ``[n, T − lag]`` the last observed value ``x_t`` at the scored steps (what a parrot copies).
-        first: ``lag``, the first scored step.
+    * ``inputs`` ``[n, T, 1]``: the observed series ``x``;
+    * ``target`` ``[n, T − lag]``: the targets ``y_t = x_{t−lag}`` for the scored steps ``t ≥ lag``;
+    * ``last`` ``[n, T − lag]``: the last observed value ``x_t`` at the scored steps (what a parrot copies);
+    * ``first``: ``lag``, the first scored step.
     """
 
     inputs: torch.Tensor
@@ -120,8 +119,9 @@ def make_batch(n: int, length: int, task: ParrotTask, generator: torch.Generator
     return Batch(inputs=x[..., None], target=x[:, : length - lag], last=x[:, lag:], first=lag)
 
 
-#: the paper's five variants as keyword arguments of :class:`TemporalAttention`
-#: (regularizer strengths as selected in the paper: penalty −0.1, dropout p = 0.2).
+#: The paper's five variants as keyword arguments of
+#: :class:`~diagsink.attention.TemporalAttention`, with the regularizer strengths the paper
+#: reports selecting (penalty −0.1, dropout p = 0.2).
 VARIANTS: dict[str, dict] = {
     "no_residual": {"residual": False},
     "none": {},
@@ -132,12 +132,12 @@ VARIANTS: dict[str, dict] = {
 
 
 class ParrotNet(nn.Module):
-    """Linear input map ``1 → C``, one :class:`TemporalAttention` layer, linear output map ``C → 1``.
+    """Linear input map ``1 → C``, one :class:`~diagsink.attention.TemporalAttention` layer, linear output map ``C → 1``.
 
     Args:
         d_model: ``C``.
         n_heads: heads of the attention layer.
-        **layer_kwargs: passed to :class:`TemporalAttention` (``diag``, ``residual``, ...);
+        **layer_kwargs: passed to :class:`~diagsink.attention.TemporalAttention` (``diag``, ``residual``, ...);
             the default positional encoding is ``"sinusoidal"`` (the only source of position).
     """
 

@@ -40,8 +40,8 @@ __all__ = [
     "head_grid",
 ]
 
-#: Okabe & Ito (2008), "Color Universal Design": eight colours distinguishable with the
-#: common forms of colour blindness (black first, as in the original).
+#: The Okabe–Ito palette (Okabe and Ito 2008, "Color Universal Design"), eight colours that
+#: stay distinguishable with the common forms of colour blindness (black first, as in the original).
 OKABE_ITO = (
     "#000000",  # black
     "#E69F00",  # orange

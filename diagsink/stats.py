@@ -44,11 +44,8 @@ def _check_square(attn: torch.Tensor, name: str = "attn") -> int:
 
 
 class DiagonalMass(NamedTuple):
-    """Result of :func:`diagonal_mass`.
-
-    Attributes:
-        mass: mean of ``α_ii`` over all rows and leading axes.
-        uniform: ``1/T``, the value for uniform attention.
+    """Result of :func:`diagonal_mass`: ``mass``, the mean of ``α_ii`` over all rows and
+    leading axes, and ``uniform = 1/T``, its value for uniform attention.
     """
 
     mass: float
