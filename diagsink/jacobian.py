@@ -519,9 +519,12 @@ def train_toy_layer(
 # the sweep over sequence lengths
 # ----------------------------------------------------------------------------------------
 def loglog_slope(lengths, values) -> float:
-    """Least-squares slope of ``log(values)`` against ``log(lengths)`` (NaN if any value ≤ 0)."""
+    """Least-squares slope of ``log(values)`` against ``log(lengths)``.
+
+    NaN if any value is ≤ 0 or not finite, or if there are fewer than two distinct lengths.
+    """
     v = np.asarray(values, dtype=float)
-    if np.any(~np.isfinite(v)) or np.any(v <= 0):
+    if np.any(~np.isfinite(v)) or np.any(v <= 0) or len(set(np.asarray(lengths).tolist())) < 2:
         return float("nan")
     return float(np.polyfit(np.log(np.asarray(lengths, dtype=float)), np.log(v), 1)[0])
 

@@ -333,3 +333,23 @@ def test_exercise_reference_passes_and_typical_mistakes_get_hints(label, capsys)
 def test_exercise_labels_are_registered():
     labels = set(ds.exercises.labels())
     assert set(CHECKS) <= labels
+
+
+def test_sweep_row_subsampling_estimates_the_full_mean():
+    factory = lambda s: J.init_layer(8, 1, qk_scale=0.1, seed=s)  # noqa: E731
+    full = J.sensitivity_vs_length([40], layer_factory=factory, n_samples=1, max_rows=None, seed=3)
+    sub = J.sensitivity_vs_length([40], layer_factory=factory, n_samples=1, max_rows=10, seed=3)
+    for kind in ("off", "diag"):
+        assert sub.mean[kind]["total"][0] == pytest.approx(full.mean[kind]["total"][0], rel=0.1)
+    fro = J.sensitivity_vs_length([8], layer_factory=factory, n_samples=1, norm="fro", seed=3)
+    spectral = J.sensitivity_vs_length([8], layer_factory=factory, n_samples=1, seed=3)
+    assert fro.mean["diag"]["residual"][0] == pytest.approx(math.sqrt(8))  # ‖I‖_F = sqrt(C)
+    assert fro.mean["off"]["total"][0] >= spectral.mean["off"]["total"][0]
+
+
+def test_bound_for_a_single_step_has_no_off_diagonal_part():
+    layer = _layer(0, n_heads=2)
+    b = J.bound(layer, _x(1))
+    assert b.off_average["total"] == 0 and b.constants["D"] == 0 and b.constants["N"] == 1
+    jac = J.total(J.decompose(layer, _x(1)))[0, :, 0, :]
+    assert float(torch.linalg.matrix_norm(jac, ord=2)) <= b.diag["total"] + 1e-12
