@@ -191,7 +191,7 @@ def decompose(
         Jacobian (see :func:`total`). ``"query"`` is zero off the diagonal blocks.
 
     Raises:
-        ConfigError (a ``ValueError``): LayerNorm, attention dropout in training mode, or
+        ConfigError: a ``ValueError`` for LayerNorm, attention dropout in training mode, or
             random diagonal dropout without ``dropped`` -- cases without a closed form here.
 
     Derived in ``book/jacobian.ipynb``.
