@@ -25,3 +25,24 @@ def _seed():
 
     torch.manual_seed(0)
     yield
+
+
+# -- bad-input cases: tests marked ``bad_input`` (one case each) are counted and the total printed
+_BAD_INPUT = {"tried": 0, "failed": 0}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "bad_input: one bad-input case (counted in the terminal summary)")
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and "bad_input" in report.keywords:
+        _BAD_INPUT["tried"] += 1
+        _BAD_INPUT["failed"] += int(report.failed)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _BAD_INPUT["tried"]:
+        terminalreporter.write_line(
+            f"bad-input cases tried: {_BAD_INPUT['tried']} ({_BAD_INPUT['failed']} without a clear error)"
+        )

@@ -1,0 +1,586 @@
+"""Reliability across the whole package: bad input, interruptions, determinism, nothing lost.
+
+* **Bad input** (tests marked ``bad_input``; the terminal summary prints how many were tried):
+  every public entry point, including every command line command, answers bad input with an
+  error that names the problem *and* the fix; the command line prints exactly one line that
+  starts with ``error:`` (no traceback) and exits with status 2. Cases already covered by the
+  per-module tests are not repeated here: see ``test_attention.py`` (layer arguments and input
+  tensors), ``test_positional.py``, ``test_model.py`` (graph convolution, unknown variant,
+  input layout), ``test_data.py`` (missing files, wrong columns, index gaps, NaN/inf/negative
+  speeds, truncated HDF, pickles), ``test_protocol.py``, ``test_metrics.py`` (all-masked
+  batches), ``test_train.py`` (misspelt keys, unknown protocol and variant, escaping paths),
+  ``test_course.py`` (export folders) and ``test_download.py`` (bad mirrors).
+* **Interruptions**: ``kill -9`` during a download, during artifact writes and during
+  ``reproduce``; the rerun recovers and never reads a half-written file. (``kill -9`` during
+  training and the resume from the checkpoint: ``test_train.py``.)
+* **Determinism**: the same seed gives identical metrics in two separate processes.
+* **Properties** (hypothesis): window indexing of the splits; masked metrics ignore masked
+  entries. (Attention rows and masks: ``test_attention.py``; metrics against NumPy:
+  ``test_metrics.py``.)
+
+All data here is SYNTHETIC (5 made-up sensors); nothing is read from the METR-LA folder.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import diagsink as ds
+from diagsink import protocol as P
+from diagsink.cli import main
+from diagsink.config import load_config, override
+from diagsink.errors import ConfigError, DataError, DiagsinkError
+from diagsink.model import VARIANTS
+
+IDS = ["201", "202", "203", "204", "205"]
+TINY = {
+    "model.d_model": 8, "model.n_heads": 2, "model.depth": 1, "model.node_embed_dim": 3,
+    "train.epochs": 2, "train.batch_size": 16, "train.eval_batch_size": 64, "train.max_train_windows": 32,
+    "train.warmup_epochs": 1, "train.lr": 5e-3,
+}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+# ---------------------------------------------------------------- synthetic inputs
+def make_data(root: Path, *, steps: int = 300, speed: np.ndarray | None = None) -> Path:
+    """A valid, SYNTHETIC data folder with 5 sensors (not METR-LA data)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "graph_sensor_ids.txt").write_text(",".join(IDS))
+    pd.DataFrame({"index": range(5), "sensor_id": IDS, "latitude": np.linspace(34.0, 34.2, 5),
+                  "longitude": np.linspace(-118.4, -118.2, 5)}).to_csv(root / "graph_sensor_locations.csv", index=False)
+    adj = np.eye(5, dtype=np.float32) + np.diag(np.full(4, 0.5, dtype=np.float32), 1)
+    (root / "adj_mx.pkl").write_bytes(pickle.dumps((IDS, {s: i for i, s in enumerate(IDS)}, adj), protocol=4))
+    if speed is None:
+        rng = np.random.default_rng(0)
+        t = np.arange(steps)[:, None]
+        speed = 60 + 8 * np.sin(2 * np.pi * t / 288 + np.arange(5)) + rng.normal(0, 1.5, (steps, 5))
+        speed[rng.random(speed.shape) < 0.02] = 0.0
+    index = pd.date_range("2012-03-01", periods=len(speed), freq="5min")
+    pd.DataFrame(speed, index=index, columns=IDS).to_hdf(root / "metr-la.h5", key="df")
+    return root
+
+
+def tiny_protocol(path: Path, **extra) -> Path:
+    """A valid custom protocol file (tiny model, 2 epochs)."""
+    cfg = override(load_config("quick"), {**TINY, **extra})
+    cfg["protocol"] = "custom-tiny"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    """Folders and files the bad-input table points at (each built once)."""
+    base = tmp_path_factory.mktemp("inputs")
+    out: dict[str, Path] = {"base": base, "empty": base / "empty", "file": base / "a_file"}
+    out["empty"].mkdir()
+    out["file"].write_text("not a folder")
+    out["good"] = make_data(base / "good")
+    out["short"] = make_data(base / "short", steps=26)  # 3 windows of 24 steps: no validation window
+    corrupt = make_data(base / "corrupt")
+    rng = np.random.default_rng(1)
+    (corrupt / "metr-la.h5").write_bytes(rng.integers(0, 256, 50_000, dtype=np.uint8).tobytes())
+    out["corrupt"] = corrupt
+    series = make_data(base / "series")  # a Series, not a DataFrame
+    pd.Series(np.ones(40), index=pd.date_range("2012-03-01", periods=40, freq="5min")).to_hdf(series / "metr-la.h5", key="df")
+    out["series"] = series
+    twokeys = make_data(base / "twokeys")
+    frame = pd.read_hdf(twokeys / "metr-la.h5", "df")
+    (twokeys / "metr-la.h5").unlink()
+    frame.to_hdf(twokeys / "metr-la.h5", key="speed", format="table")
+    frame.to_hdf(twokeys / "metr-la.h5", key="other", format="table")
+    out["twokeys"] = twokeys
+    out["tiny"] = tiny_protocol(base / "tiny.yaml")
+    cfg = yaml.safe_load(out["tiny"].read_text())
+    cfg["train"]["epoch"] = cfg["train"].pop("epochs")
+    (base / "misspelt.yaml").write_text(yaml.safe_dump(cfg))
+    out["misspelt"] = base / "misspelt.yaml"
+    (base / "broken.yaml").write_text("protocol: custom-tiny\nmodel: d_model: 8\n")
+    out["broken"] = base / "broken.yaml"
+    for name, protocol in (("escape", "custom-../../outside"), ("absolute", "/tmp/custom-abs")):
+        cfg = yaml.safe_load(out["tiny"].read_text())
+        cfg["protocol"] = protocol
+        (base / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+        out[name] = base / f"{name}.yaml"
+    cfg = yaml.safe_load(out["tiny"].read_text())
+    cfg["data"]["ratios"] = ["0.7", 0.1, 0.2]
+    (base / "ratios.yaml").write_text(yaml.safe_dump(cfg))
+    out["ratios"] = base / "ratios.yaml"
+    return out
+
+
+# ---------------------------------------------------------------- the API table
+def _api_cases():
+    """(id, call(inputs), exception type, words that must all appear in the message)."""
+    from diagsink.graphconv import DiffusionGraphConv
+    from diagsink.model import TSModel
+    from diagsink.train import toy_data, train_run
+
+    def diverging(_):
+        data = toy_data(200, 4)
+        data.speed[:] = np.nan  # a model fed NaN cannot learn: the run must stop with a clear message
+        from diagsink.train import prepare
+
+        cfg = override(load_config("quick"), TINY)
+        prepared = prepare(data, cfg)
+        return train_run(cfg, "none", 0, prepared=prepared, device="cpu", write=False, progress=False)
+
+    eye = [torch.eye(5)]
+    return [
+        ("TSModel depth=0", lambda i: TSModel(5, eye, depth=0), ConfigError, ["depth=0", "positive integer", "model.depth"]),
+        ("TSModel t_in=0", lambda i: TSModel(5, eye, t_in=0), ConfigError, ["t_in=0", "positive integer"]),
+        ("TSModel n_nodes=0", lambda i: TSModel(0, eye), ConfigError, ["n_nodes=0", "number of sensors"]),
+        ("TSModel heads", lambda i: TSModel(5, eye, d_model=10, n_heads=4), ConfigError, ["n_heads=4", "divisors"]),
+        ("graph conv order=0", lambda i: DiffusionGraphConv(4, eye, order=0), ValueError, ["order=0", "positive integer"]),
+        ("split: no validation window", lambda i: P.split_windows(26), DataError, ["val part", "0 of the 3", "Fix", "more data"]),
+        ("split: zero ratio", lambda i: P.split_windows(500, ratios=(0.9, 0.0, 0.1)), DataError, ["val part", "ratio > 0"]),
+        ("load: random bytes as HDF", lambda i: ds.data.load_metr_la(i["corrupt"]), DataError,
+         ["cannot be read", "truncated", "diagsink data download"]),
+        ("load: a Series", lambda i: ds.data.load_metr_la(i["series"]), DataError, ["Series", "not a DataFrame", "Fix"]),
+        ("load: two tables, no df", lambda i: ds.data.load_metr_la(i["twokeys"]), DataError, ["not 'df'", "Fix", "key='df'"]),
+        ("load: a file as folder", lambda i: ds.data.load_metr_la(i["file"]), DataError, ["missing", "diagsink data download"]),
+        ("config: broken YAML", lambda i: load_config(i["broken"]), ConfigError, ["not valid YAML", "line 2", "Fix"]),
+        ("config: ratios as text", lambda i: load_config(i["ratios"]), ConfigError, ["data.ratios", "three fractions"]),
+        ("config: protocol with ..", lambda i: load_config(i["escape"]), ConfigError, ["plain name", "no '/' or '..'"]),
+        ("config: absolute protocol", lambda i: load_config(i["absolute"]), ConfigError, ["plain name"]),
+        ("config: no such file", lambda i: load_config(i["base"] / "nope.yaml"), ConfigError, ["does not exist", "paper, book, quick"]),
+        ("config: override typo", lambda i: override(load_config("quick"), {"trian.lr": 1.0}), ConfigError,
+         ["unknown config section", "sections: model"]),
+        ("train_run: no out_dir", lambda i: train_run("quick", "none", 0, data=toy_data(), write=True, out_dir=None),
+         ConfigError, ["needs out_dir"]),
+        ("train_run: device", lambda i: train_run("quick", "none", 0, data=toy_data(), device="gpu", write=False),
+         ValueError, ["'gpu' is not a device", "cpu or cuda"]),
+        ("train_run: seed", lambda i: train_run("quick", "none", -1, data=toy_data(), write=False), ConfigError,
+         ["seed -1", "integer in [0, 2**31)"]),
+        ("train_run: diverges", diverging, DiagsinkError, ["diverged", "Fix: lower train.lr"]),
+        ("exercise: unknown label", lambda i: ds.exercises.check("ex-attention-nope", lambda: None), KeyError,
+         ["no exercise 'ex-attention-nope'", "known exercises", "ex-attention-mask"]),
+    ]
+
+
+API = _api_cases()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("name, call, kind, words", API, ids=[c[0] for c in API])
+def test_api_bad_input_names_problem_and_fix(inputs, name, call, kind, words):
+    with pytest.raises(kind) as info:
+        call(inputs)
+    message = str(info.value)
+    for word in words:
+        assert word in message, f"{word!r} not in {message!r}"
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("value, words", [("tpu", ["DIAGSINK_DEVICE='tpu'", "cpu or cuda"]),
+                                          ("cuda:7", ["DIAGSINK_DEVICE='cuda:7'", "GPU", "Fix"])])
+def test_bad_device_variable(monkeypatch, capsys, value, words):
+    if value.startswith("cuda") and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has 8 GPUs")
+    monkeypatch.setenv("DIAGSINK_DEVICE", value)
+    with pytest.raises(ValueError) as info:
+        ds.settings()
+    assert all(w in str(info.value) for w in words), info.value
+    assert main(["info"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: DIAGSINK_DEVICE=") and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- the command line table
+CLI = [
+    # (id, argv with {placeholders}, words in the one error line)
+    ("no command", [], ["required: COMMAND", "--help"]),
+    ("unknown command", ["trian"], ["invalid choice: 'trian'", "train", "reproduce"]),
+    ("info: unknown option", ["info", "--verbose"], ["unrecognized arguments: --verbose"]),
+    ("data: no action", ["data"], ["required: ACTION", "diagsink data --help"]),
+    ("data: unknown action", ["data", "fetch"], ["invalid choice: 'fetch'", "download"]),
+    ("data info: empty folder", ["data", "info", "--root", "{empty}"], ["files missing", "diagsink data download --root"]),
+    ("data verify: a file as root", ["data", "verify", "--root", "{file}"], ["files missing", "diagsink data download"]),
+    ("data verify: corrupt HDF", ["data", "verify", "--root", "{corrupt}"], ["cannot be read", "truncated", "Fix"]),
+    ("data download: root under a file", ["data", "download", "--root", "{file}/x", "--no-progress"],
+     ["cannot create the data folder", "Fix: pass --root"]),
+    ("train: no variant", ["train"], ["required: --variant"]),
+    ("train: unknown variant", ["train", "--variant", "masked"], ["invalid choice: 'masked'", "'mask'", "'penalty'"]),
+    ("train: unknown protocol", ["train", "--variant", "none", "--protocol", "papr", "--out", "{out}"],
+     ["protocol 'papr' is not known", "paper, book, quick"]),
+    ("train: misspelt config key", ["train", "--variant", "none", "--protocol", "{misspelt}", "--out", "{out}"],
+     ["unknown config key train.epoch", "epochs", "check the spelling"]),
+    ("train: broken YAML", ["train", "--variant", "none", "--protocol", "{broken}", "--out", "{out}"],
+     ["not valid YAML", "line 2", "Fix the file"]),
+    ("train: protocol escapes --out", ["train", "--variant", "none", "--protocol", "{escape}", "--out", "{out}"],
+     ["plain name", "no '/' or '..'"]),
+    ("train: negative seed", ["train", "--variant", "none", "--seed", "-1"], ["--seed", "non-negative"]),
+    ("train: seed not a number", ["train", "--variant", "none", "--seed", "one"], ["'one' is not a whole number"]),
+    ("train: unknown device", ["train", "--variant", "none", "--device", "tpu"], ["'tpu' is not a device", "cpu or cuda"]),
+    ("train: --out under a file", ["train", "--variant", "none", "--protocol", "{tiny}", "--out", "{file}/results"],
+     ["is a file, not a folder", "choose another --out"]),
+    ("train: --out not writable", ["train", "--variant", "none", "--protocol", "{tiny}", "--out", "{readonly}"],
+     ["not writable", "Fix: choose a writable folder"]),
+    ("train: no data", ["train", "--variant", "none", "--protocol", "{tiny}", "--data", "{empty}", "--out", "{out}"],
+     ["files missing", "diagsink data download --root"]),
+    ("train: data too short", ["train", "--variant", "none", "--protocol", "{tiny}", "--data", "{short}", "--out", "{out}",
+                               "--no-progress"], ["val part", "Fix: load more data"]),
+    ("reproduce: zero seeds", ["reproduce", "--seeds", "0", "--out", "{out}"], ["--seeds must be at least 1"]),
+    ("reproduce: unknown variant", ["reproduce", "--variants", "none,masked", "--out", "{out}"],
+     ["unknown variant 'masked'", "choose from"]),
+    ("reproduce: --out is a file", ["reproduce", "--protocol", "{tiny}", "--out", "{file}"], ["is a file, not a folder"]),
+    ("reproduce: absolute protocol name", ["reproduce", "--protocol", "{absolute}", "--out", "{out}"], ["plain name"]),
+    ("course: no action", ["course"], ["required"]),
+    ("course export: --out is a file", ["course", "export", "--out", "{file}"], ["is a file, not a folder"]),
+    ("course check: no book here", ["course", "check", "--source", "{empty}"], ["no _toc.yml", "pass --source"]),
+]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("name, argv, words", CLI, ids=[c[0] for c in CLI])
+def test_cli_bad_input_is_one_error_line(inputs, tmp_path, monkeypatch, capsys, name, argv, words):
+    places = {k: str(v) for k, v in inputs.items()}
+    places["out"] = str(tmp_path / "results")
+    places["readonly"] = str(tmp_path / "readonly")
+    if "{readonly}" in argv:
+        # root ignores permission bits, so the test makes os.access answer as for a normal user
+        Path(places["readonly"]).mkdir()
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == places["readonly"] else real(p, mode, **kw))
+    argv = [a.format(**places) for a in argv]
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse
+        status = exc.code
+    captured = capsys.readouterr()
+    assert status == 2, (status, captured)
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert "Traceback" not in captured.err + captured.out
+    for word in words:
+        assert word in lines[0], f"{word!r} not in {lines[0]!r}"
+    assert not Path(places["out"]).exists() or not any(Path(places["out"]).rglob("*.json"))
+
+
+def test_cli_errors_in_a_real_process_have_no_traceback(inputs):
+    """The console script itself (not only ``main``): one ``error:`` line, status 2, for each kind of failure."""
+    code = textwrap.dedent("""
+        import sys
+        from diagsink.cli import main
+        for argv in {argvs}:
+            try:
+                status = main(argv)
+            except SystemExit as exc:
+                status = exc.code
+            print(status)
+    """).format(argvs=repr([["train", "--variant", "masked"],
+                            ["train", "--variant", "none", "--protocol", str(inputs["tiny"]), "--out", str(inputs["file"])],
+                            ["data", "verify", "--root", str(inputs["corrupt"])], []]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "2", "2", "2"]
+    lines = out.stderr.splitlines()
+    assert len(lines) == 4 and all(line.startswith("error: ") for line in lines), out.stderr
+    out = subprocess.run([sys.executable, "-m", "diagsink", "train", "--variant", "penalty", "--device", "tpu"],
+                         capture_output=True, text=True, env=ENV, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr
+
+
+# ---------------------------------------------------------------- interruptions: download
+class _StallingHandler(http.server.BaseHTTPRequestHandler):
+    """Serves ``/ok/<name>``; ``/stall/<name>`` sends a third of the body, then hangs (a dead connection)."""
+
+    files: dict[str, bytes] = {}
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        mode, _, name = self.path.strip("/").rpartition("/")
+        body = self.files.get(name)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if mode == "stall":
+            self.wfile.write(body[: len(body) // 3])
+            self.wfile.flush()
+            time.sleep(30)
+            return
+        self.wfile.write(body)
+
+
+DOWNLOADER = textwrap.dedent("""
+    import sys
+    from diagsink import download as DL
+    server, mode, root, size, sha = sys.argv[1:6]
+    DL.GRAPH_URL = server + "/ok/{name}"
+    DL.OPTIONAL_GRAPH_BLOBS = {}
+    DL.GRAPH_BLOBS = dict(eval(sys.argv[6]))
+    DL.EXPECTED_SIZE, DL.EXPECTED_SHA256, DL.TIMEOUT = int(size), sha, 60.0
+    DL.SPEED_MIRRORS = [DL.Mirror(server + "/" + mode + "/full.h5", kind="h5")]
+    DL.download_metr_la(root, progress=False)
+    print("done")
+""")
+
+
+@pytest.mark.slow
+def test_kill_minus_9_during_download_then_rerun(tmp_path):
+    """A download killed mid-transfer leaves only a ``.part`` file, which is never read; the rerun completes."""
+    import hashlib
+
+    from diagsink import data as D
+    from diagsink import download as DL
+
+    # the served files: synthetic graph files for 207 made-up sensors and a synthetic full-shape speed matrix
+    ids = [str(700000 + i) for i in range(D.N_SENSORS)]
+    graph = {
+        "graph_sensor_ids.txt": ",".join(ids).encode(),
+        "graph_sensor_locations.csv": pd.DataFrame({"index": range(len(ids)), "sensor_id": ids, "latitude": 34.0,
+                                                    "longitude": -118.3}).to_csv(index=False).encode(),
+        "adj_mx.pkl": pickle.dumps((ids, {s: i for i, s in enumerate(ids)}, np.eye(len(ids), dtype=np.float32)), protocol=4),
+    }
+    index = pd.date_range(D.FULL_START, periods=D.FULL_STEPS, freq="5min")
+    day = np.round(8 * (60 - 10 * np.sin(np.arange(288) / 288 * 2 * np.pi))) / 8
+    speed = np.tile(day, D.FULL_STEPS // 288)[:, None] + np.zeros((1, len(ids)))
+    pd.DataFrame(speed, index=index, columns=ids).to_hdf(tmp_path / "full.h5", key="df", complevel=1, complib="zlib")
+    files = {**graph, "full.h5": (tmp_path / "full.h5").read_bytes()}
+    handler = type("Handler", (_StallingHandler,), {"files": files})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    server = f"http://127.0.0.1:{httpd.server_address[1]}"
+    blobs = repr({n: DL.git_blob_sha1(b) for n, b in graph.items()})
+    size, sha = str(len(files["full.h5"])), hashlib.sha256(files["full.h5"]).hexdigest()
+    root = tmp_path / "data"
+    script = tmp_path / "dl.py"
+    script.write_text(DOWNLOADER)
+    try:
+        proc = subprocess.Popen([sys.executable, str(script), server, "stall", str(root), size, sha, blobs], env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        part = root / "metr-la.h5.part"
+        deadline = time.time() + 60
+        while time.time() < deadline and not part.exists():  # opened: the transfer is under way (and stalls)
+            assert proc.poll() is None, proc.communicate()[1][-800:]
+            time.sleep(0.05)
+        assert part.exists(), "the download never started"
+        time.sleep(0.5)
+        assert proc.poll() is None, "the download should still be waiting for the stalled server"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        # the half file has no final name; loading reports the missing file instead of reading it
+        assert not (root / "metr-la.h5").exists()
+        with pytest.raises(DataError, match="missing.*metr-la.h5"):
+            D.load_metr_la(root, download=False)
+        rerun = subprocess.run([sys.executable, str(script), server, "ok", str(root), size, sha, blobs], env=ENV,
+                               capture_output=True, text=True, timeout=120)
+        assert rerun.returncode == 0 and "done" in rerun.stdout, rerun.stderr
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert not part.exists()
+    data = D.load_metr_la(root, download=False)
+    assert data.is_full and data.sha256 == sha
+    assert DL.read_manifest(root)["files"]["metr-la.h5"]["sha256"] == sha
+
+
+# ---------------------------------------------------------------- interruptions: artifact writes
+WRITER = textwrap.dedent("""
+    import copy, sys
+    from diagsink._io import atomic_write_bytes
+    from diagsink.artifacts import write_artifact
+    from diagsink.config import load_config, override
+    from diagsink.train import run_paths, toy_data, train_run
+    out = sys.argv[1]
+    cfg = override(load_config("quick"), {tiny!r})
+    art = train_run(cfg, "penalty", 0, data=toy_data(120, 3), device="cpu", write=False, progress=False)
+    art.pop("_model")
+    print("ready", flush=True)
+    for seed in range(10_000):
+        a = copy.deepcopy(art)
+        a["seed"] = a["provenance"]["seed"] = seed
+        paths = run_paths(out, "quick", "penalty", seed)
+        atomic_write_bytes(paths["state"], bytes([seed % 251]) * 8_000_000)  # big: a kill often lands mid-write
+        write_artifact(paths["json"], a)
+""")
+
+
+@pytest.mark.slow
+def test_kill_minus_9_during_artifact_writes_leaves_only_whole_files(tmp_path):
+    from diagsink.artifacts import load_artifact, load_results
+
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER.replace("{tiny!r}", repr({**TINY, "train.epochs": 1, "train.warmup_epochs": 0})))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, str(script), str(out)], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    folder = out / "quick"
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list(folder.glob("*.json"))) < 3:
+        time.sleep(0.01)
+    time.sleep(0.137)  # land somewhere inside a later write
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    jsons = sorted(folder.glob("*.json"))
+    assert len(jsons) >= 3
+    for path in jsons:  # every artifact under its final name is whole and passes its checksum
+        art = load_artifact(path)
+        assert path.name == f"penalty_seed{art['seed']}.json"
+    for path in folder.glob("*.pt"):  # every state file under its final name is whole
+        seed = int(path.stem.removeprefix("penalty_seed"))
+        raw = path.read_bytes()
+        assert len(raw) == 8_000_000 and raw == bytes([seed % 251]) * 8_000_000, path
+    leftovers = [p.name for p in folder.iterdir() if p.suffix not in (".json", ".pt")]
+    assert all(n.startswith(".") and n.endswith(".tmp") for n in leftovers), leftovers  # temp names only
+    assert len(load_results(folder)) == len(jsons)  # the loader never sees a temp file
+
+
+# ---------------------------------------------------------------- nothing lost: reproduce
+REPRODUCER = textwrap.dedent("""
+    import sys
+    from diagsink.cli import main
+    sys.exit(main(["reproduce", "--protocol", sys.argv[1], "--data", sys.argv[2], "--out", sys.argv[3],
+                   "--seeds", "1", "--device", "cpu", "--no-progress"]))
+""")
+
+
+@pytest.mark.slow
+def test_kill_minus_9_during_reproduce_keeps_finished_runs(inputs, tmp_path, capsys):
+    out = tmp_path / "results"
+    folder = out / "custom-tiny"
+    proc = subprocess.Popen([sys.executable, "-c", REPRODUCER, str(inputs["tiny"]), str(inputs["good"]), str(out)],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 90
+    while time.time() < deadline and len(list(folder.glob("*.json"))) < 2 and proc.poll() is None:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.json")}
+    assert len(finished) >= 2, "the first runs did not finish in time"
+    # rerun: finished runs are skipped (not rewritten), the rest is trained
+    assert main(["reproduce", "--protocol", str(inputs["tiny"]), "--data", str(inputs["good"]), "--out", str(out),
+                 "--seeds", "1", "--device", "cpu", "--no-progress"]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("*.json") if p.name in finished} == finished
+    assert sorted(p.name for p in folder.glob("*.json")) == sorted(f"{v}_seed0.json" for v in VARIANTS)
+    assert not (folder / ".checkpoints").exists() or not any((folder / ".checkpoints").iterdir())
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_damaged_artifact_is_redone_and_damaged_checkpoint_is_ignored(inputs, tmp_path, capsys):
+    """An artifact edited by hand fails its checksum and is trained again; an unreadable checkpoint starts over."""
+    from diagsink.artifacts import load_artifact
+    from diagsink.train import run_paths
+
+    out = tmp_path / "results"
+    argv = ["reproduce", "--protocol", str(inputs["tiny"]), "--data", str(inputs["good"]), "--out", str(out),
+            "--seeds", "1", "--variants", "mask", "--device", "cpu", "--no-progress"]
+    assert main(argv) == 0
+    paths = run_paths(out, "custom-tiny", "mask", 0)
+    good = json.loads(paths["json"].read_text())
+    edited = {**good, "metrics": {**good["metrics"], "MAE@12": 0.5}}
+    paths["json"].write_text(json.dumps(edited))
+    paths["checkpoint"].parent.mkdir(parents=True, exist_ok=True)
+    paths["checkpoint"].write_bytes(b"\x80\x04 not a checkpoint")
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="unreadable checkpoint"):
+        assert main(argv) == 0
+    assert "redo" in capsys.readouterr().out
+    again = load_artifact(paths["json"])
+    assert again["metrics"] == good["metrics"]  # the same seed gives the same numbers
+    assert not paths["checkpoint"].exists()
+
+
+# ---------------------------------------------------------------- determinism
+@pytest.mark.slow
+def test_same_seed_same_metrics_in_two_processes(inputs, tmp_path):
+    """Two separate ``diagsink train`` processes with the same seed write identical metrics and attention."""
+    arts = []
+    for k in range(2):
+        out = tmp_path / f"run{k}"
+        proc = subprocess.run([sys.executable, "-m", "diagsink", "train", "--variant", "dropout", "--seed", "5",
+                               "--protocol", str(inputs["tiny"]), "--data", str(inputs["good"]), "--out", str(out),
+                               "--device", "cpu", "--no-progress"], capture_output=True, text=True, env=ENV, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        arts.append(json.loads((out / "custom-tiny" / "dropout_seed5.json").read_text()))
+    a, b = arts
+    assert a["metrics"] == b["metrics"]
+    assert a["history"] == b["history"]
+    assert a["attention"] == b["attention"]
+    assert a["provenance"]["config_hash"] == b["provenance"]["config_hash"]
+
+
+# ---------------------------------------------------------------- properties
+@settings(max_examples=60, deadline=None)
+@given(n_steps=st.integers(30, 400), t_in=st.integers(1, 12), t_out=st.integers(1, 12),
+       order=st.sampled_from(["dcrnn", "split-first"]),
+       ratios=st.sampled_from([(0.7, 0.1, 0.2), (0.6, 0.2, 0.2), (0.5, 0.25, 0.25), (0.8, 0.1, 0.1)]))
+def test_property_windows_stay_inside_their_part(n_steps, t_in, t_out, order, ratios):
+    """Every window fits in the series; the parts are ordered and disjoint; split-first never crosses a boundary;
+    ``gather`` returns exactly the slices; a series too short raises a DataError that says how to fix it."""
+    try:
+        s = P.split_windows(n_steps, t_in, t_out, ratios=ratios, order=order)
+    except DataError as exc:
+        assert "Fix" in str(exc)
+        width = t_in + t_out
+        if order == "dcrnn":
+            n_windows = n_steps - width + 1
+            assert n_windows < 3 or min(P.split_sizes(n_windows, ratios)) < 1
+        else:
+            assert min(P.split_sizes(n_steps, ratios)) < width
+        return
+    width = t_in + t_out
+    parts = [s.train, s.val, s.test]
+    assert all(len(p) >= 1 for p in parts)
+    for p in parts:
+        assert bool((p[1:] > p[:-1]).all()), "window starts increase"
+        assert int(p[0]) >= 0 and int(p[-1]) + width <= n_steps
+    assert int(s.train[-1]) < int(s.val[0]) and int(s.val[-1]) < int(s.test[0])
+    if order == "dcrnn":
+        assert torch.equal(torch.cat(parts), torch.arange(n_steps - width + 1))
+    else:
+        n_train, n_val, _ = P.split_sizes(n_steps, ratios)
+        assert int(s.train[-1]) + width <= n_train
+        assert int(s.val[0]) >= n_train and int(s.val[-1]) + width <= n_train + n_val
+        assert int(s.test[0]) >= n_train + n_val
+    assert P.train_steps(s) == int(s.train[-1]) + width
+    series = torch.arange(n_steps * 2, dtype=torch.float32).reshape(n_steps, 2)
+    starts = s.test[:: max(1, len(s.test) // 5)]
+    x, y = P.gather(series, starts, t_in), P.gather(series, starts, t_out, offset=t_in)
+    for b, start in enumerate(starts.tolist()):
+        assert torch.equal(x[b], series[start:start + t_in])
+        assert torch.equal(y[b], series[start + t_in:start + width])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), shape=st.sampled_from([(6,), (3, 4), (2, 3, 4)]), junk=st.floats(-1e6, 1e6))
+def test_property_masked_entries_never_matter(seed, shape, junk):
+    """Whatever is predicted where the target is 0 (missing): every masked metric and the MAE gradient ignore it."""
+    g = torch.Generator().manual_seed(seed)
+    target = torch.rand(shape, generator=g, dtype=torch.float64) * 70 + 1
+    mask = torch.rand(shape, generator=g) < 0.4
+    mask.view(-1)[0] = False  # at least one observed entry
+    target[mask] = 0.0
+    pred = target + torch.randn(shape, generator=g, dtype=torch.float64)
+    other = pred.clone()
+    other[mask] = junk
+    for fn in (ds.metrics.masked_mae, ds.metrics.masked_rmse, ds.metrics.masked_mape):
+        assert float(fn(pred, target)) == float(fn(other, target))
+    p = other.clone().requires_grad_(True)
+    ds.metrics.masked_mae(p, target).backward()
+    assert bool((p.grad[mask] == 0).all())
