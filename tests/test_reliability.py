@@ -481,6 +481,31 @@ def test_kill_minus_9_during_reproduce_keeps_finished_runs(inputs, tmp_path, cap
     assert not (folder / ".checkpoints").exists() or not any((folder / ".checkpoints").iterdir())
 
 
+@pytest.mark.slow
+def test_ctrl_c_during_training_says_how_to_continue_and_the_rerun_resumes(inputs, tmp_path):
+    """Ctrl-C (SIGINT): one line saying that finished work is kept, status 130; the same command resumes."""
+    protocol = tiny_protocol(tmp_path / "long.yaml", **{"train.epochs": 25, "train.patience": 100})
+    out = tmp_path / "results"
+    argv = [sys.executable, "-m", "diagsink", "train", "--variant", "mask", "--protocol", str(protocol),
+            "--data", str(inputs["good"]), "--out", str(out), "--device", "cpu", "--no-progress"]
+    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt = out / "custom-tiny" / ".checkpoints" / "mask_seed0.ckpt.pt"
+    deadline = time.time() + 60
+    while time.time() < deadline and not ckpt.exists() and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted: finished work is kept; rerun the same command to continue."
+    assert "Traceback" not in err
+    assert ckpt.exists()
+    done = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    art = json.loads((out / "custom-tiny" / "mask_seed0.json").read_text())
+    assert art["resumed_from_epoch"] is not None and art["resumed_from_epoch"] >= 1
+
+
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_damaged_artifact_is_redone_and_damaged_checkpoint_is_ignored(inputs, tmp_path, capsys):
     """An artifact edited by hand fails its checksum and is trained again; an unreadable checkpoint starts over."""
@@ -584,3 +609,45 @@ def test_property_masked_entries_never_matter(seed, shape, junk):
     p = other.clone().requires_grad_(True)
     ds.metrics.masked_mae(p, target).backward()
     assert bool((p.grad[mask] == 0).all())
+
+
+# ---------------------------------------------------------------- the README quotes real messages
+def test_readme_troubleshooting_quotes_the_real_messages(inputs, tmp_path, monkeypatch, capsys):
+    """The path-free ``error:`` lines of the README's Troubleshooting section are what the code prints today."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    quoted = {line for line in section.splitlines() if line.startswith("error: ")}
+
+    def first_error(argv):
+        try:
+            main(argv)
+        except SystemExit:
+            pass
+        return capsys.readouterr().err.strip()
+
+    typo = tmp_path / "typo.yaml"
+    cfg = yaml.safe_load(inputs["tiny"].read_text())
+    cfg["train"]["epoch"] = cfg["train"].pop("epochs")
+    typo.write_text(yaml.safe_dump(cfg))
+    (tmp_path / "broken.yaml").write_text(inputs["broken"].read_text())
+    monkeypatch.chdir(tmp_path)
+    produced = [
+        first_error(["train", "--variant", "masked"]),
+        first_error(["train", "--variant", "mask", "--protocol", "papr"]),
+        first_error(["train", "--variant", "mask", "--protocol", str(typo)]),
+        first_error(["train", "--variant", "mask", "--protocol", "broken.yaml"]),
+        first_error(["train", "--variant", "none", "--protocol", str(inputs["tiny"]), "--data", str(inputs["short"]),
+                     "--out", str(tmp_path / "r"), "--no-progress"]),
+    ]
+    bad_pickle = make_data(tmp_path / "pkl")
+
+    class _System:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    (bad_pickle / "adj_mx.pkl").write_bytes(pickle.dumps((["1"], {}, _System()), protocol=0))
+    produced.append(first_error(["data", "verify", "--root", str(bad_pickle)]))
+    monkeypatch.setenv("DIAGSINK_QUICK", "yes-please")
+    produced.append(first_error(["info"]))
+    for message in produced:
+        assert message in quoted, f"README Troubleshooting is out of date; the code now prints:\n{message}"
