@@ -70,12 +70,28 @@ def _degree_inverse(deg, power: float):
     return inv.astype(deg.dtype, copy=False)
 
 
+def _check_adjacency(adj) -> None:
+    """``adj`` must be a square ``[N, N]`` matrix of finite, non-negative weights (numpy or torch)."""
+    shape = tuple(adj.shape)
+    if len(shape) != 2 or shape[0] != shape[1] or shape[0] == 0:
+        raise DataError(f"an adjacency must be a square [N, N] matrix; got shape {shape}. Fix: pass the "
+                        "[N, N] weights, e.g. ds.data.load_metr_la().adjacency.")
+    finite = np.isfinite(adj).all() if isinstance(adj, np.ndarray) else torch.isfinite(adj).all()
+    if not bool(finite) or bool((adj < 0).any()):
+        raise DataError("an adjacency must hold finite, non-negative weights (0 = no edge); this one has NaN, inf "
+                        "or negative entries. Fix: rebuild it (gaussian_kernel_adjacency) or reload adj_mx.pkl.")
+
+
 def random_walk(adj):
     """Forward random-walk matrix ``D_out^{-1} A`` (each row sums to 1; zero rows stay 0).
 
     ``adj``: ``[N, N]`` numpy array or tensor; returns the same type. The backward support is
     ``random_walk(adj.T)`` (``D_in^{-1} A^T``).
+
+    Raises:
+        DataError: ``adj`` is not square or has NaN, inf or negative weights.
     """
+    _check_adjacency(adj)
     deg = adj.sum(1)
     return _degree_inverse(deg, -1.0)[:, None] * adj
 
@@ -86,6 +102,7 @@ def symmetric_normalize(adj):
     For a symmetric ``A`` this is the usual GCN normalisation (its eigenvalues lie in ``[-1, 1]``);
     for METR-LA's directed ``A`` it is not symmetric.
     """
+    _check_adjacency(adj)
     d = _degree_inverse(adj.sum(1), -0.5)
     return d[:, None] * adj * d[None, :]
 

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .errors import DataError
 from .metrics import horizon_metrics
 from .protocol import Splits, gather, split_windows, train_steps
 
@@ -46,6 +47,10 @@ def historical_average_table(speed: np.ndarray, timestamps: pd.DatetimeIndex, en
 
     Means of the non-zero values; empty cells filled as described in the module docstring.
     """
+    if len(timestamps) != len(speed) or not 1 <= end <= len(speed):
+        raise DataError(f"historical_average_table needs one timestamp per step and 1 <= end <= {len(speed)}; "
+                        f"got {len(timestamps)} timestamps and end={end}. Fix: pass data.timestamps and "
+                        "end=train_steps(splits).")
     x = np.asarray(speed, dtype=np.float64)[:end]
     slot, weekend = _keys(timestamps[:end])
     n = x.shape[1]
@@ -82,7 +87,11 @@ def last_value(speed: np.ndarray, starts: torch.Tensor, t_in: int = 12, t_out: i
     x = np.asarray(speed, dtype=np.float64)
     if fill:
         x = pd.DataFrame(np.where(x == 0, np.nan, x)).ffill().fillna(0.0).to_numpy()
-    last = x[torch.as_tensor(starts).numpy() + t_in - 1]  # [B, N]
+    index = torch.as_tensor(starts).numpy() + t_in - 1
+    if len(index) and (index.min() < 0 or index.max() >= len(x)):
+        raise DataError(f"windows reach outside the series of {len(x)} steps. Fix: make the splits from this "
+                        "series' length.")
+    last = x[index]  # [B, N]
     return np.repeat(last[:, None, :], t_out, axis=1)
 
 

@@ -157,6 +157,9 @@ def sliding_windows(series: torch.Tensor, length: int) -> torch.Tensor:
     Row ``s`` is ``series[s : s + length]``; no memory is allocated (``Tensor.unfold``).
     """
     series = torch.as_tensor(series)
+    if not 1 <= length <= series.shape[0]:
+        raise DataError(f"windows of length {length} do not fit a series of {series.shape[0]} steps. "
+                        "Fix: choose 1 <= length <= the number of steps.")
     view = series.unfold(0, length, 1)  # [W, N, ..., length]
     return view.movedim(-1, 1)
 
