@@ -27,6 +27,7 @@ import http.server
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -562,6 +563,25 @@ def test_same_seed_same_metrics_in_two_processes(inputs, tmp_path):
     assert a["history"] == b["history"]
     assert a["attention"] == b["attention"]
     assert a["provenance"]["config_hash"] == b["provenance"]["config_hash"]
+
+
+CHAPTERS = sorted((Path(__file__).resolve().parents[1] / "book").glob("*.ipynb"))
+_DRAW = re.compile(r"torch\.(randn|rand|randint|randperm|normal|bernoulli)\(|np\.random\.(?!default_rng)|\.random\(")
+_SEED = re.compile(r"manual_seed\(|default_rng\(\s*\d|seed=")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])
+def test_chapters_seed_before_their_first_random_draw(chapter):
+    """Two executions of a chapter agree only if its random numbers are seeded before the first draw."""
+    cells = [("".join(c["source"]), c.get("metadata", {}).get("tags", []))
+             for c in json.loads(chapter.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+    first_draw = next((i for i, (src, _) in enumerate(cells) if _DRAW.search(src)), None)
+    if first_draw is None:
+        return
+    first_seed = next((i for i, (src, _) in enumerate(cells) if _SEED.search(src)), None)
+    assert first_seed is not None and first_seed <= first_draw, (
+        f"{chapter.name}: code cell {first_draw} draws random numbers before any seed is set"
+    )
 
 
 # ---------------------------------------------------------------- properties
