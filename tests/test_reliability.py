@@ -626,6 +626,26 @@ def test_property_windows_stay_inside_their_part(n_steps, t_in, t_out, order, ra
         assert torch.equal(y[b], series[start + t_in:start + width])
 
 
+@settings(max_examples=30, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), min_size=0, max_size=2), T=st.integers(2, 9), heads=st.integers(1, 3),
+       seed=st.integers(0, 2**16), fast=st.booleans())
+def test_property_shared_dropped_pattern_zeroes_exactly_those_entries(lead, T, heads, seed, fast):
+    """A shared ``[T]`` pattern (the paper's diagonal dropout) removes exactly the dropped diagonal entries of every
+    sequence and head; the rows still sum to 1 and the fast path's output equals the explicit one.
+    (Per-sequence patterns and the other options: ``test_attention.py``.)"""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    layer = ds.TemporalAttention(2 * heads, heads, diag="dropout", diag_p=0.5).double().train()
+    x = torch.randn(*lead, T, 2 * heads, generator=g, dtype=torch.float64)
+    dropped = torch.rand(T, generator=g) < 0.5
+    y, attn = layer(x, return_attention=True, dropped=dropped)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(*lead, heads, T, dtype=torch.float64))
+    diagonal = torch.diagonal(attn, dim1=-2, dim2=-1)  # [..., H, T]
+    assert bool((diagonal[..., dropped] == 0).all()) and bool((diagonal[..., ~dropped] > 0).all())
+    if fast:
+        torch.testing.assert_close(layer(x, dropped=dropped), y)
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**16), shape=st.sampled_from([(6,), (3, 4), (2, 3, 4)]), junk=st.floats(-1e6, 1e6))
 def test_property_masked_entries_never_matter(seed, shape, junk):
