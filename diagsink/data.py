@@ -314,8 +314,9 @@ class _restricted_pytables:
             m.pickle = saved
         if self.safe.refused:
             raise DataError(
-                f"{self.path} holds pickled data asking for {self.safe.refused[0]}, which a METR-LA speed file never "
-                "needs; refusing to use it (it may be tampered with). Fix: delete it and run "
+                f"{self.path} holds pickled Python objects (asking for {self.safe.refused[0]}); a METR-LA speed file "
+                "holds only numbers, so it is refused (it may be tampered with, or saved from an object-dtype frame). "
+                "Fix: save the speeds as float64 (df.astype('float64').to_hdf(path, key='df')), or delete it and run "
                 f"`diagsink data download --force --root {self.path.parent}`."
             )
 

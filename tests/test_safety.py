@@ -175,7 +175,19 @@ def test_crafted_hdf_file_runs_no_code(tmp_path, where):
         D.load_metr_la(root)
     assert not marker.exists(), "a pickled object in the HDF file ran code"
     message = str(info.value)
-    assert "mkdir" in message and "refusing" in message and "diagsink data download --force" in message
+    assert "mkdir" in message and "refused" in message and "diagsink data download --force" in message
+
+
+@pytest.mark.bad_input
+def test_object_dtype_speed_file_is_refused_with_the_fix(tmp_path):
+    """pandas stores an object-dtype frame as pickled objects: refused too, and the message says how to save numbers."""
+    root = _folder(tmp_path / "data")
+    index = pd.date_range("2012-03-01", periods=60, freq="5min")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pd.DataFrame([["55"] * 4] * 60, index=index, columns=IDS).to_hdf(root / "metr-la.h5", key="df")
+    with pytest.raises(DataError, match=r"pickled Python objects.*object-dtype.*Fix: save the speeds as float64"):
+        D.load_metr_la(root)
 
 
 def test_plain_hdf_files_still_load(tmp_path):
