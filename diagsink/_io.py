@@ -15,6 +15,20 @@ from pathlib import Path
 __all__ = ["atomic_write_bytes", "atomic_write_text", "sha256_file", "ensure_writable_dir"]
 
 
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename durable (POSIX: the folder entry is flushed too); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
 
@@ -38,6 +52,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _fsync_folder(folder)
     except BaseException:
         try:
             os.unlink(tmp)
