@@ -16,10 +16,12 @@ training steps (forward, masked-MAE loss, backward, clipping, AdamW) of
   same width, heads and depth, with the same embedding and head -- and *no* graph
   convolution (it does less work than ours).
 
-It prints samples/s, the implied seconds per epoch on the full METR-LA training split
+The two are timed alternately, step by step (median of the timed steps), so that other load on
+a shared machine affects both alike. It prints samples/s, the implied seconds per epoch on the full METR-LA training split
 (23,974 windows; an extrapolation from the measured steps) and the ratio ours/baseline.
-Then it measures the peak resident memory of one ``paper`` training step at batch 32 in a
-fresh subprocess (``ru_maxrss``; ``/usr/bin/time -v`` reports the same number).
+Then it measures the peak resident memory of ``paper`` training steps at batch 32 in a fresh
+subprocess (``ru_maxrss``, what ``/usr/bin/time -v`` reports as "Maximum resident set size"),
+with and without ``--low-memory`` (activation checkpointing), and the time cost of the latter.
 Data: the real graph and the available speeds (``DIAGSINK_DATA``); throughput does not
 depend on how many steps the file holds.
 """
@@ -85,18 +87,16 @@ class BaselineModel(nn.Module):
         return self.time_mix(out.transpose(1, 2)).transpose(1, 2) * self.std + self.mean
 
 
-def _steps_per_second(step, n_steps: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        step()
-    t0 = time.perf_counter()
-    for _ in range(n_steps):
-        step()
-    return n_steps / (time.perf_counter() - t0)
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
-def bench_ours(cfg, prepared, batch: int, n_steps: int) -> float:
+def ours_step(cfg, prepared, batch: int, low_memory: bool = False):
+    """One training step of the engine's code path (gather on the device, TSModel, masked MAE, clip, AdamW)."""
     torch.manual_seed(0)
     model = build_model(cfg, "dropout", prepared)
+    model.checkpoint_blocks = low_memory
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model.train()
     g = torch.Generator().manual_seed(0)
@@ -114,20 +114,27 @@ def bench_ours(cfg, prepared, batch: int, n_steps: int) -> float:
         if x.is_cuda:
             torch.cuda.synchronize()
 
-    return batch * _steps_per_second(step, n_steps)
+    return step
 
 
-def bench_baseline(cfg, prepared, batch: int, n_steps: int, device: torch.device) -> float:
+def baseline_step(cfg, prepared, batch: int, device: torch.device):
+    """One training step of the baseline (per-sample Dataset + DataLoader + nn.MultiheadAttention blocks)."""
     m = cfg["model"]
     torch.manual_seed(0)
     model = BaselineModel(m["d_model"], m["n_heads"], m["depth"], m["dropout"], prepared.mean, prepared.std).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ds = WindowDataset(prepared.series.cpu().numpy(), prepared.speed.cpu().numpy(), prepared.train.cpu().numpy())
-    loader = iter(torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True))
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True)
+    batches = iter(loader)
     model.train()
 
     def step():
-        x, y = next(loader)
+        nonlocal batches
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            x, y = next(batches)
         x, y = x.to(device), y.to(device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
             pred = model(x)
@@ -139,26 +146,49 @@ def bench_baseline(cfg, prepared, batch: int, n_steps: int, device: torch.device
         if x.is_cuda:
             torch.cuda.synchronize()
 
-    return batch * _steps_per_second(step, n_steps)
+    return step
+
+
+def interleaved(step_a, step_b, n_steps: int) -> tuple[float, float]:
+    """Median seconds per step of ``a`` and ``b``, timed alternately (a, b, a, b, ...) after one warm-up each,
+    so that load from other processes on a shared machine affects both alike."""
+    step_a(), step_b()
+    ta, tb = [], []
+    for _ in range(n_steps):
+        t0 = time.perf_counter(); step_a(); ta.append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); step_b(); tb.append(time.perf_counter() - t0)
+    return _median(ta), _median(tb)
+
+
+def bench_ours(cfg, prepared, batch: int, n_steps: int) -> float:
+    """Samples per second of the engine alone (used by the memory probe)."""
+    step = ours_step(cfg, prepared, batch)
+    step()
+    t0 = time.perf_counter()
+    for _ in range(n_steps):
+        step()
+    return batch * n_steps / (time.perf_counter() - t0)
 
 
 PEAK_SNIPPET = """
-import resource, torch
+import resource, sys, torch
 from diagsink.config import load_config
 from diagsink.data import load_metr_la
 from diagsink.train import prepare
-import benchmarks_training as bt
+sys.path.insert(0, HERE)
+import training as bt
 cfg = load_config("paper")
 prepared = prepare(load_metr_la(), cfg, "cpu")
-bt.bench_ours(cfg, prepared, 32, 1)
+step = bt.ours_step(cfg, prepared, 32, low_memory=LOW)
+step(); step()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
-def peak_memory_paper_batch32() -> float:
-    """Peak RSS (GiB) of a fresh process running one warm-up + one timed ``paper`` step at batch 32."""
+def peak_memory_paper_batch32(low_memory: bool) -> float:
+    """Peak RSS (GiB) of a fresh process running two ``paper`` training steps at batch 32 on the CPU."""
     here = os.path.dirname(os.path.abspath(__file__))
-    code = PEAK_SNIPPET.replace("import benchmarks_training as bt", f"import sys; sys.path.insert(0, {here!r}); import training as bt")
+    code = PEAK_SNIPPET.replace("HERE", repr(here)).replace("LOW", repr(low_memory))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1]) / 2**20  # ru_maxrss is in KiB on Linux
 
@@ -166,7 +196,7 @@ def peak_memory_paper_batch32() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per measurement (after 1 warm-up)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps of each (after 1 warm-up), interleaved; medians")
     parser.add_argument("--protocols", default="quick,book,paper")
     parser.add_argument("--no-memory", action="store_true")
     args = parser.parse_args()
@@ -180,20 +210,26 @@ def main() -> None:
     print(f"device: {device} (torch {torch.__version__}, {torch.get_num_threads()} CPU threads)")
     print(f"{'protocol':8s} {'batch':>5s} {'ours samp/s':>12s} {'base samp/s':>12s} {'ratio':>6s} "
           f"{'ours s/epoch*':>14s} {'base s/epoch*':>14s}")
-    for name in args.protocols.split(","):
+    for name in [p for p in args.protocols.split(",") if p]:
         cfg = load_config(name)
         batch = cfg["train"]["batch_size"]
         if device.type == "cpu" and name == "paper":
             batch = 32  # the paper's batch of 128 takes minutes per step on 2 CPU cores
         prepared = prepare(data, cfg, device)
-        ours = bench_ours(cfg, prepared, batch, args.steps)
-        base = bench_baseline(cfg, prepared, batch, args.steps, device)
+        t_ours, t_base = interleaved(ours_step(cfg, prepared, batch), baseline_step(cfg, prepared, batch, device), args.steps)
+        ours, base = batch / t_ours, batch / t_base
         print(f"{name:8s} {batch:5d} {ours:12.1f} {base:12.1f} {ours / base:6.2f} "
               f"{FULL_TRAIN_WINDOWS / ours:14.0f} {FULL_TRAIN_WINDOWS / base:14.0f}", flush=True)
     print("* seconds per epoch extrapolated to the full METR-LA training split (23,974 windows).")
     if not args.no_memory and device.type == "cpu":
-        print(f"peak resident memory, paper protocol, batch 32, one training step on the CPU: "
-              f"{peak_memory_paper_batch32():.2f} GiB (target: within 4 GB)")
+        for low in (False, True):
+            print(f"peak resident memory, paper protocol, batch 32, training steps on the CPU, "
+                  f"{'--low-memory (activation checkpointing)' if low else 'default'}: "
+                  f"{peak_memory_paper_batch32(low):.2f} GiB (target: within 4 GB)", flush=True)
+        t_plain, t_low = interleaved(ours_step(load_config("paper"), prepare(data, load_config("paper"), device), 32),
+                                     ours_step(load_config("paper"), prepare(data, load_config("paper"), device), 32, True),
+                                     max(1, args.steps // 2))
+        print(f"paper, batch 32: --low-memory costs {t_low / t_plain:.2f}x the time per step")
 
 
 if __name__ == "__main__":

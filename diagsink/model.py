@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import TemporalAttention
 from .errors import ConfigError
@@ -128,6 +129,10 @@ class TSModel(nn.Module):
         t_in, t_out: input and output steps.
         diag_p, diag_penalty: the regularizers' constants.
         speed_mean, speed_std: the scaler; the output is ``head * std + mean`` (mph).
+        checkpoint_blocks: activation checkpointing in training: each block's activations are
+            recomputed in the backward pass instead of stored (about one extra forward pass of
+            compute; the same numbers, dropout draws included). Cuts the paper model's peak
+            memory at batch 32 on a CPU several-fold (``benchmarks/training.py``).
 
     Shapes:
         ``x``: ``[B, T_in, N, 2]`` (scaled speed, time of day) -> ``[B, T_out, N]`` (mph).
@@ -153,8 +158,10 @@ class TSModel(nn.Module):
         diag_penalty: float = -0.1,
         speed_mean: float = 0.0,
         speed_std: float = 1.0,
+        checkpoint_blocks: bool = False,
     ) -> None:
         super().__init__()
+        self.checkpoint_blocks = checkpoint_blocks
         kwargs = variant_attention_kwargs(variant, diag_p=diag_p, diag_penalty=diag_penalty)
         for name, value in (("n_nodes", n_nodes), ("depth", depth), ("t_in", t_in), ("t_out", t_out)):
             if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < 1:
@@ -194,6 +201,8 @@ class TSModel(nn.Module):
         for i, block in enumerate(self.blocks):
             if return_attention and i == len(self.blocks) - 1:
                 h, attn = block(h, tod, return_attention=True)
+            elif self.checkpoint_blocks and self.training and torch.is_grad_enabled():
+                h = checkpoint(block, h, tod, use_reentrant=False)
             else:
                 h = block(h, tod)
         z = self.readout(torch.cat([h, tod_raw], dim=-1)).squeeze(-1)  # [B, T_in, N]

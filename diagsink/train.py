@@ -361,6 +361,7 @@ def train_run(
     progress: bool = True,
     write: bool = True,
     stop_after_epochs: int | None = None,
+    low_memory: bool = False,
 ) -> dict[str, Any]:
     """Train, test and (when ``write``) save one run; return its artifact ``dict``.
 
@@ -376,6 +377,8 @@ def train_run(
         write: write the artifact, state dict and per-epoch checkpoints.
         stop_after_epochs: end the process-level loop after this many epochs *without*
             testing (for demonstrations of resuming); returns ``{}``.
+        low_memory: activation checkpointing of the blocks (same results, less memory,
+            roughly a third more compute); recorded in the artifact's provenance.
 
     Returns:
         The artifact (see :mod:`diagsink.artifacts`), with ``"model"`` holding the trained
@@ -405,6 +408,7 @@ def train_run(
     m, t = cfg["model"], cfg["train"]
     torch.manual_seed(seed)
     model = build_model(cfg, variant, prepared)
+    model.checkpoint_blocks = low_memory
     optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"])
     chash = config_hash(cfg)
     start_epoch, best_val, best_epoch, bad, history, train_time = 0, math.inf, -1, 0, [], 0.0
@@ -538,6 +542,7 @@ def train_run(
             "data": prepared.info,
             "device": device_name(device_t),
             "autocast": "bf16 + TF32" if device_t.type == "cuda" else "none (float32)",
+            "activation_checkpointing": bool(low_memory),
             "torch": torch.__version__,
             "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "seed": seed,
@@ -567,6 +572,7 @@ def reproduce(
     out_dir: str | Path = "book/results",
     data: Any = None,
     progress: bool = True,
+    low_memory: bool = False,
 ) -> list[Path]:
     """Train every variant x seed ``0..seeds-1``; skip runs whose valid artifact exists. Returns the JSON paths."""
     from .artifacts import ArtifactError, load_artifact
@@ -597,6 +603,7 @@ def reproduce(
 
                     data = load_metr_la()
                 prepared = prepare(data, cfg, device_t)
-            train_run(copy.deepcopy(cfg), variant, seed, prepared=prepared, device=str(device_t), out_dir=out_dir, progress=progress)
+            train_run(copy.deepcopy(cfg), variant, seed, prepared=prepared, device=str(device_t), out_dir=out_dir, progress=progress,
+                      low_memory=low_memory)
             done.append(paths["json"])
     return done

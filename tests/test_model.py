@@ -150,3 +150,19 @@ def test_exercise_checks_accept_references_and_hint_typical_mistakes():
     assert check("ex-model-schedule", reference_lr_schedule).passed
     to_zero = check("ex-model-schedule", lambda e, lr, lo, w, n: reference_lr_schedule(e, lr, 0.0, w, n))
     assert not to_zero.passed and "min_lr" in to_zero.message
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    a = _path_graph(5)
+    grads = []
+    for flag in (False, True):
+        torch.manual_seed(0)
+        model = TSModel(5, _supports(a), variant="dropout", d_model=8, n_heads=2, depth=3, dropout=0.2,
+                        checkpoint_blocks=flag)
+        model.train()
+        torch.manual_seed(1)
+        x = torch.randn(4, 12, 5, 2)
+        model(x).square().mean().backward()
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
