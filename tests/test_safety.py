@@ -170,7 +170,6 @@ def test_crafted_hdf_file_runs_no_code(tmp_path, where):
             h5.remove_node("/df/axis0")
             vl = h5.create_vlarray("/df", "axis0", tables.ObjectAtom())
             vl.append(_Evil(str(marker)))
-    assert D.load_metr_la is not None
     with pytest.raises(DataError) as info:
         D.load_metr_la(root)
     assert not marker.exists(), "a pickled object in the HDF file ran code"
