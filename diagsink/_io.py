@@ -84,7 +84,9 @@ def ensure_writable_dir(path: str | os.PathLike[str], option: str = "--out") -> 
     fool it), so a probe file is really created and removed.
 
     Raises:
-        PermissionError: naming the folder (and ``option``, the setting that chose it) and the fix.
+        NotADirectoryError: the path, or a folder above it, is a file.
+        PermissionError: the folder cannot be created or written; the message names it, ``option``
+            (the setting that chose it) and the fix.
     """
     folder = Path(os.path.abspath(path))
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
