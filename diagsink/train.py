@@ -49,7 +49,9 @@ from ._io import atomic_write_bytes
 from .config import config_hash, load_config
 from .settings import check_device
 from .errors import ConfigError, DiagsinkError
+from .distributed import context as distributed_context
 from .model import VARIANTS, TSModel
+from .sparse import sparsify
 
 __all__ = [
     "Prepared",
@@ -135,7 +137,7 @@ def prepare(data: Any, cfg: dict[str, Any], device: str | torch.device = "cpu") 
 def build_model(cfg: dict[str, Any], variant: str, prepared: Prepared) -> TSModel:
     """The :class:`TSModel` of ``cfg["model"]`` for ``variant`` (parameters from the current RNG)."""
     m, r = cfg["model"], cfg["regularizers"]
-    return TSModel(
+    model = TSModel(
         prepared.series.shape[1],
         prepared.supports,
         variant=variant,
@@ -154,6 +156,7 @@ def build_model(cfg: dict[str, Any], variant: str, prepared: Prepared) -> TSMode
         speed_mean=prepared.mean,
         speed_std=prepared.std,
     ).to(prepared.series.device)
+    return sparsify(model)  # torch.sparse road-graph products when the graph is large (book/scaling.ipynb)
 
 
 def lr_at(epoch: int, cfg: dict[str, Any]) -> float:
@@ -415,6 +418,8 @@ def train_run(
     best_state = _cpu_state(model)
     stopped = "max_epochs"
     resumed_from = None
+    dist = distributed_context()  # DDP hooks under torchrun, no-ops otherwise (diagsink.distributed)
+    dist.barrier()  # rank 0's last checkpoint is complete before any rank looks for one
     if write and paths["checkpoint"].exists():
         try:
             ck = torch.load(paths["checkpoint"], map_location="cpu", weights_only=True)
@@ -432,6 +437,8 @@ def train_run(
             if device_t.type == "cuda" and "rng_cuda" in ck:
                 torch.cuda.set_rng_state(ck["rng_cuda"], device_t)
             resumed_from = start_epoch
+    net = dist.wrap(model)  # the module that trains; ``model`` stays the plain TSModel
+    write = write and dist.is_main  # rank 0 alone writes checkpoints and artifacts
 
     n_train = len(prepared.train) if t["max_train_windows"] is None else min(t["max_train_windows"], len(prepared.train))
     steps_per_epoch = math.ceil(n_train / t["batch_size"])
@@ -439,7 +446,7 @@ def train_run(
         total=t["epochs"] * steps_per_epoch,
         initial=start_epoch * steps_per_epoch,
         desc=f"{cfg['protocol']}/{name}",
-        disable=not progress,
+        disable=not (progress and dist.is_main),
         unit="batch",
         dynamic_ncols=True,
     )
@@ -450,14 +457,15 @@ def train_run(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(epoch, cfg)
         g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        dist.begin_epoch(seed, epoch)
         order = prepared.train[torch.randperm(len(prepared.train), generator=g)[:n_train].to(prepared.train.device)]
         model.train()
         loss_sum, loss_n = torch.zeros((), device=device_t), 0
         for i in range(0, n_train, t["batch_size"]):
-            x, y = _batch(prepared, order[i : i + t["batch_size"]], m["t_in"], m["t_out"])
+            x, y = _batch(prepared, dist.shard(order[i : i + t["batch_size"]]), m["t_in"], m["t_out"])
             with _autocast(device_t):
-                pred = model(x)
-            loss = masked_mae(pred.float(), y)
+                pred = net(x)
+            loss = dist.loss(pred.float(), y)  # masked MAE of the (global) batch
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), t["clip"])
@@ -490,6 +498,7 @@ def train_run(
             stopped, finished = "time_limit", True
         elif epoch >= t["epochs"]:
             finished = True
+        finished, stopped = dist.agree(finished, stopped)  # rank 0 decides (time limits differ per rank)
         if write:
             state = {
                 "variant": variant, "seed": seed, "config_hash": chash, "epoch": epoch,
@@ -541,6 +550,7 @@ def train_run(
             "config_hash": chash,
             "data": prepared.info,
             "device": device_name(device_t),
+            "processes": dist.describe(),
             "autocast": "bf16 + TF32" if device_t.type == "cuda" else "none (float32)",
             "activation_checkpointing": bool(low_memory),
             "torch": torch.__version__,

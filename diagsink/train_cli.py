@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 from .config import PROTOCOLS
+from .distributed import add_distributed
 from .model import VARIANTS
 
 __all__ = ["add_commands"]
@@ -106,9 +107,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=_seed, default=0)
     _common(p)
     p.set_defaults(func=_cmd_train)
+    add_distributed(p)  # --distributed N, and data-parallel under torchrun (diagsink.distributed)
 
     r = sub.add_parser("reproduce", help="train every variant x seed of a protocol (finished runs are skipped)")
     r.add_argument("--seeds", type=_seed, default=None, help="number of seeds 0..n-1 (default: the protocol's)")
     r.add_argument("--variants", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}")
     _common(r)
     r.set_defaults(func=_cmd_reproduce)
+    add_distributed(r)
