@@ -219,3 +219,38 @@ def test_large_graphs_take_the_sparse_path_in_build_model():
     model = build_model(cfg, "none", large)
     assert isinstance(model.blocks[0].gconv, SparseDiffusionGraphConv)
     assert model(torch.zeros(1, 12, 1001, 2)).shape == (1, 12, 1001)
+
+
+# -- exercises of book/scaling.ipynb ---------------------------------------------------------------------------
+def test_scaling_exercise_checks_pass_the_reference_and_hint_at_typical_mistakes():
+    from diagsink.exercises import check
+
+    def rank_loss_ok(pred, target, count, world_size):
+        return rank_loss(pred, target, count, world_size)
+
+    def rank_loss_local(pred, target, count, world_size):  # the shard's own mean
+        return masked_mae(pred, target)
+
+    def rank_loss_no_w(pred, target, count, world_size):
+        return rank_loss(pred, target, count, 1)
+
+    assert check("ex-scaling-rank-loss", rank_loss_ok).passed
+    local = check("ex-scaling-rank-loss", rank_loss_local)
+    assert not local.passed and "global batch" in local.message
+    no_w = check("ex-scaling-rank-loss", rank_loss_no_w)
+    assert not no_w.passed and "world_size" in no_w.message
+
+    def apply_ok(index, weight, x):
+        return torch.zeros_like(x).index_add_(0, index[0], weight[:, None] * x[index[1]])
+
+    def apply_transposed(index, weight, x):
+        return torch.zeros_like(x).index_add_(0, index[1], weight[:, None] * x[index[0]])
+
+    def apply_unweighted(index, weight, x):
+        return torch.zeros_like(x).index_add_(0, index[0], x[index[1]])
+
+    assert check("ex-scaling-sparse-apply", apply_ok).passed
+    transposed = check("ex-scaling-sparse-apply", apply_transposed)
+    assert not transposed.passed and "P^T x" in transposed.message
+    unweighted = check("ex-scaling-sparse-apply", apply_unweighted)
+    assert not unweighted.passed and "weight" in unweighted.message
