@@ -161,7 +161,10 @@ class DiffusionGraphConv(nn.Module):
         All ``S K`` diffusion terms come from one matrix product: the stacked powers
         ``[S K N, N]`` times ``x`` laid out as ``[N, B T C]``. This is the same arithmetic as
         applying ``P`` again and again, done as a single large GEMM (several times faster on
-        a CPU than ``S K`` batched products of ``[N, N] @ [B, T, N, C]``).
+        a CPU than ``S K`` batched products of ``[N, N] @ [B, T, N, C]``). The linear mix
+        ``W z + b`` is then applied term by term (``W_0 x + Σ_k W_k (P_k x) + b``), which is
+        the same as ``self.mix(torch.cat(terms, -1))`` without materialising the
+        ``(1 + S K)``-times wider concatenation.
         """
         if x.dim() != 4 or x.shape[-2] != self.n_nodes or x.shape[-1] != self.channels:
             raise ValueError(
@@ -172,9 +175,14 @@ class DiffusionGraphConv(nn.Module):
         stacked = self.powers().to(x.dtype)  # [S K, N, N]
         terms = stacked.shape[0]
         flat = x.permute(2, 0, 1, 3).reshape(n, b * t * c)  # [N, B T C]
-        mixed = (stacked.reshape(terms * n, n) @ flat).reshape(terms, n, b, t, c)  # message passing
-        mixed = mixed.permute(2, 3, 1, 0, 4).reshape(b, t, n, terms * c)  # [B, T, N, S K C], term-major
-        return self.dropout(self.mix(torch.cat([x, mixed], dim=-1)))
+        mixed = (stacked.reshape(terms * n, n) @ flat).reshape(terms, n * b * t, c)  # message passing
+        # y = W [x, P_1 x, ...] + b without building the concatenation: W = [W_0 | W_1 | ... ]
+        weight = self.mix.weight.to(x.dtype)  # [D, (1 + S K) C]
+        d = weight.shape[0]
+        w_terms = weight[:, c:].reshape(d, terms, c).permute(1, 2, 0)  # [S K, C, D]
+        spatial = torch.bmm(mixed, w_terms).sum(0).reshape(n, b, t, d).permute(1, 2, 0, 3)  # [B, T, N, D]
+        bias = None if self.mix.bias is None else self.mix.bias.to(x.dtype)
+        return self.dropout(torch.nn.functional.linear(x, weight[:, :c], bias) + spatial)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, nodes={self.n_nodes}, fixed_supports={self.n_fixed}, order={self.order}, adaptive={self.adaptive}"
