@@ -67,6 +67,7 @@ from .errors import ConfigError, DataError
 
 __all__ = [
     "in_torchrun",
+    "EnvInfo",
     "env_info",
     "setup",
     "teardown",
@@ -186,33 +187,46 @@ def rank_loss(pred: torch.Tensor, target: torch.Tensor, count: torch.Tensor | fl
 
 
 class SingleProcess:
-    """The context of an ordinary run: every hook leaves the one-process engine unchanged."""
+    """The context of an ordinary run: every hook leaves the one-process engine unchanged.
+
+    The hooks, in the order :func:`diagsink.train.train_run` calls them: ``barrier`` (before
+    looking for a checkpoint), ``wrap`` (the module to train), ``begin_epoch``, ``shard`` (this
+    rank's part of a global batch of window starts), ``loss`` (masked MAE of the global batch),
+    ``agree`` (the stopping decision of rank 0), ``describe`` (for the artifact's provenance).
+    """
 
     rank = 0
     world_size = 1
     is_main = True
 
     def barrier(self) -> None:
+        """Wait until every rank arrives (nothing to wait for in one process)."""
         return None
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module that trains: ``model`` itself."""
         return model
 
     def begin_epoch(self, seed: int, epoch: int) -> None:
+        """Called at the start of every epoch (one process: nothing to do)."""
         return None
 
     def shard(self, starts: torch.Tensor) -> torch.Tensor:
+        """This rank's window starts of a global batch ``[B]``: all of them."""
         return starts
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The masked MAE of the batch (:func:`diagsink.metrics.masked_mae`)."""
         from .metrics import masked_mae
 
         return masked_mae(pred, target)
 
     def agree(self, finished: bool, stopped: str) -> tuple[bool, str]:
+        """The stopping decision every rank follows: this process's own."""
         return finished, stopped
 
     def describe(self) -> str:
+        """``"one process"``."""
         return "one process"
 
 
@@ -225,6 +239,7 @@ class DDPContext(SingleProcess):
         self.is_main = self.rank == 0
 
     def barrier(self) -> None:
+        """Wait for every rank (so rank 0's last checkpoint is complete before anyone reads it)."""
         dist.barrier()
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -238,9 +253,11 @@ class DDPContext(SingleProcess):
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     def begin_epoch(self, seed: int, epoch: int) -> None:
+        """Reseed the global RNG from ``(seed, epoch, rank)``: different dropout draws per rank, exact replays."""
         torch.manual_seed((seed * 1_000_003 + epoch) * 4_099 + self.rank + 17)
 
     def shard(self, starts: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous shard of the global batch (:func:`shard_batch`)."""
         return shard_batch(starts, self.rank, self.world_size)
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -257,11 +274,13 @@ class DDPContext(SingleProcess):
         return local + (total / count - local).detach()
 
     def agree(self, finished: bool, stopped: str) -> tuple[bool, str]:
+        """Rank 0's ``(finished, stopped)``, broadcast: per-rank clocks differ, the decision must not."""
         box = [(bool(finished), str(stopped))]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def describe(self) -> str:
+        """``"DistributedDataParallel, <W> processes (<backend>)"``."""
         return f"DistributedDataParallel, {self.world_size} processes ({dist.get_backend()})"
 
 
@@ -328,9 +347,3 @@ def add_distributed(parser: argparse.ArgumentParser) -> None:
     func = parser.get_default("func")
     parser.set_defaults(func=functools.partial(_distributed_command, parser, func))
 
-
-def describe_run() -> dict[str, Any]:
-    """``{"world_size", "rank", "backend"}`` of the current context (for provenance)."""
-    ctx = context()
-    backend = dist.get_backend() if isinstance(ctx, DDPContext) else None
-    return {"world_size": ctx.world_size, "rank": ctx.rank, "backend": backend}

@@ -44,7 +44,7 @@ class Shape:
         return 2 + int(self.adaptive)
 
 
-#: The paper's T&S model: 12 blocks, C = 72, 8 heads, order 2, adaptive adjacency.
+#: The paper's T&S model (12 blocks, C = 72, 8 heads, order 2, learned adjacency).
 PAPER_SHAPE = Shape()
 
 
@@ -52,15 +52,17 @@ def activation_bytes(n_nodes: int, t: int, batch: int = 1, shape: Shape = PAPER_
                      bytes_per: int = 4) -> float:
     """Activations kept for the backward pass, in bytes (formula; float32 by default).
 
-    Per block and sample ``17 N T C`` (projections, heads, the diffusion terms and their
-    concatenation, residuals and norms; one more copy when ``B = 1``) plus ``3 N H T^2``
+    Per block and sample ``(11 + S K) N T C`` (projections, heads, residuals and norms, and
+    the concatenated ``1 + S K`` diffusion terms; 17 for the paper's ``S K = 6``; one more copy
+    when ``B = 1``) plus ``3 N H T^2``
     (logits, weights, the weights after dropout: the O(T^2) part); with the learned
     adjacency, per block and once per batch, ``(S K + 2) N^2`` for it and the stacked
     diffusion matrices (``2 N^2`` in the sparse path, which stacks nothing); the read-out
     ``N T (C + 1)`` per sample.
     """
     c, h, layers = shape.d_model, shape.n_heads, shape.depth
-    per_sample = layers * (17 * n_nodes * t * c + 3 * n_nodes * h * t * t) + n_nodes * t * (c + 1)
+    linear = 11 + shape.supports * shape.order
+    per_sample = layers * (linear * n_nodes * t * c + 3 * n_nodes * h * t * t) + n_nodes * t * (c + 1)
     graph = 0
     if shape.adaptive:
         graph = (2 if sparse else shape.supports * shape.order + 2) * n_nodes**2

@@ -57,7 +57,7 @@ def use_sparse(
 
 
 class SparseDiffusionGraphConv(DiffusionGraphConv):
-    """:class:`DiffusionGraphConv` whose fixed supports are sparse COO tensors.
+    """:class:`diagsink.graphconv.DiffusionGraphConv` whose fixed supports are sparse COO tensors.
 
     Same arguments, parameters and output as the dense layer; ``supports()`` returns the
     sparse fixed supports followed by the (dense) adaptive one.
@@ -126,7 +126,7 @@ def sparsify(
     max_density: float = SPARSE_MAX_DENSITY,
     force: bool = False,
 ) -> nn.Module:
-    """Replace every dense :class:`DiffusionGraphConv` of ``model`` by its sparse copy where
+    """Replace every dense :class:`diagsink.graphconv.DiffusionGraphConv` of ``model`` by its sparse copy where
     :func:`use_sparse` says so (or everywhere with ``force``); returns ``model`` (changed in place)."""
     targets = [
         (name, child)
