@@ -332,15 +332,21 @@ def _distributed_command(parser: argparse.ArgumentParser, func: Callable[[argpar
             with contextlib.redirect_stdout(io.StringIO()):  # one summary line, from rank 0
                 return func(args)
     if args.distributed:  # start the workers
-        return subprocess.run(launch_command(parser, args, args.distributed), check=False).returncode
+        nproc = args.distributed if args.distributed != "auto" else _default_nproc(args.device)
+        return subprocess.run(launch_command(parser, args, nproc), check=False).returncode
     return func(args)
+
+
+def _default_nproc(device: str | None) -> int:
+    """One process per visible GPU when training on CUDA, else 2."""
+    use_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    return max(1, torch.cuda.device_count()) if use_cuda else 2
 
 
 def add_distributed(parser: argparse.ArgumentParser) -> None:
     """Give a command ``--distributed N`` and make it run under torchrun (see the module docstring)."""
-    default_n = max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 2
     parser.add_argument(
-        "--distributed", nargs="?", type=_nproc, const=default_n, default=None, metavar="N",
+        "--distributed", nargs="?", type=_nproc, const="auto", default=None, metavar="N",
         help="data-parallel training on N processes of this machine via torchrun (default N: one per GPU, "
              "2 on a CPU); under torchrun itself this is automatic",
     )

@@ -167,6 +167,11 @@ def test_launch_command_rebuilds_the_options_without_distributed():
     again = parser.parse_args(rest)
     assert (again.variant, again.seed, again.device, again.no_progress, again.distributed) == ("mask", 3, "cpu", True,
                                                                                               None)
+    # a bare --distributed means one process per GPU, or 2 on the CPU
+    from diagsink.distributed import _default_nproc
+
+    assert parser.parse_args(["train", "--variant", "none", "--distributed"]).distributed == "auto"
+    assert _default_nproc("cpu") == 2
 
 
 @pytest.mark.bad_input
