@@ -312,7 +312,9 @@ def launch_command(parser: argparse.ArgumentParser, args: argparse.Namespace, np
             "-m", "diagsink", *argv]
 
 
-def _nproc(text: str) -> int:
+def _nproc(text: str) -> int | str:
+    if text == "auto":  # a bare --distributed
+        return text
     try:
         value = int(text)
     except ValueError:
