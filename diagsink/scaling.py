@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Shape", "PAPER_SHAPE", "activation_bytes", "forward_flops", "saved_activation_bytes", "time_step"]
+__all__ = ["Shape", "PAPER_SHAPE", "linear_coefficient", "activation_bytes", "forward_flops", "saved_activation_bytes", "time_step"]
 
 
 @dataclass(frozen=True)
@@ -48,20 +48,26 @@ class Shape:
 PAPER_SHAPE = Shape()
 
 
+def linear_coefficient(shape: Shape = PAPER_SHAPE, *, sparse: bool = False) -> int:
+    """``9 + S K + a``: how many ``N T C`` tensors one block keeps per sample (see :func:`activation_bytes`)."""
+    return 9 + shape.supports * shape.order + (shape.order if sparse else 1) * int(shape.adaptive)
+
+
 def activation_bytes(n_nodes: int, t: int, batch: int = 1, shape: Shape = PAPER_SHAPE, *, sparse: bool = False,
                      bytes_per: int = 4) -> float:
     """Activations kept for the backward pass, in bytes (formula; float32 by default).
 
-    Per block and sample ``(11 + S K) N T C`` (projections, heads, residuals and norms, and
-    the concatenated ``1 + S K`` diffusion terms; 17 for the paper's ``S K = 6``; one more copy
-    when ``B = 1``) plus ``3 N H T^2``
+    Per block and sample ``(9 + S K + a) N T C`` (projections, heads, residuals and norms,
+    the ``S K`` diffusion terms, and the inputs of the learned graph's products: ``a = 1``
+    dense, ``a = K`` sparse, ``a = 0`` without a learned graph; 16 for the paper's dense
+    ``S K = 6``; two more when ``B = 1``, where two reshapes copy instead of viewing) plus ``3 N H T^2``
     (logits, weights, the weights after dropout: the O(T^2) part); with the learned
     adjacency, per block and once per batch, ``(S K + 2) N^2`` for it and the stacked
     diffusion matrices (``2 N^2`` in the sparse path, which stacks nothing); the read-out
     ``N T (C + 1)`` per sample.
     """
     c, h, layers = shape.d_model, shape.n_heads, shape.depth
-    linear = 11 + shape.supports * shape.order
+    linear = linear_coefficient(shape, sparse=sparse) + 2 * (batch == 1)  # B = 1: two reshapes copy
     per_sample = layers * (linear * n_nodes * t * c + 3 * n_nodes * h * t * t) + n_nodes * t * (c + 1)
     graph = 0
     if shape.adaptive:

@@ -114,9 +114,14 @@ class SparseDiffusionGraphConv(DiffusionGraphConv):
                 else:
                     h = p.to(x.dtype) @ h
                 terms.append(h)
-        mixed = torch.stack(terms).reshape(len(terms), n, b, t, c)
-        mixed = mixed.permute(2, 3, 1, 0, 4).reshape(b, t, n, len(terms) * c)  # [B, T, N, S K C], term-major
-        return self.dropout(self.mix(torch.cat([x, mixed], dim=-1)))
+        mixed = torch.stack(terms).reshape(len(terms), n * b * t, c)  # [S K, N B T, C]
+        # the channel mix W [x, P_1 x, ...] + b, term by term (as the dense layer does it)
+        weight = self.mix.weight.to(x.dtype)  # [D, (1 + S K) C]
+        d = weight.shape[0]
+        w_terms = weight[:, c:].reshape(d, len(terms), c).permute(1, 2, 0)  # [S K, C, D]
+        spatial = torch.bmm(mixed, w_terms).sum(0).reshape(n, b, t, d).permute(1, 2, 0, 3)  # [B, T, N, D]
+        bias = None if self.mix.bias is None else self.mix.bias.to(x.dtype)
+        return self.dropout(torch.nn.functional.linear(x, weight[:, :c], bias) + spatial)
 
 
 def sparsify(
