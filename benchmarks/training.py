@@ -20,7 +20,8 @@ The two are timed alternately, step by step (median of the timed steps), so that
 a shared machine affects both alike. It prints samples/s, the implied seconds per epoch on the full METR-LA training split
 (23,974 windows; an extrapolation from the measured steps) and the ratio ours/baseline.
 Then it measures the peak resident memory of ``paper`` training steps at batch 32 in a fresh
-subprocess (``ru_maxrss``, what ``/usr/bin/time -v`` reports as "Maximum resident set size"),
+subprocess (``VmHWM`` from ``/proc/self/status``, the peak resident set size; ``ru_maxrss`` is not
+used because Linux carries the parent's peak over into a child),
 with and without ``--low-memory`` (activation checkpointing), and the time cost of the latter.
 Data: the real graph and the available speeds (``DIAGSINK_DATA``); throughput does not
 depend on how many steps the file holds.
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -171,7 +171,7 @@ def bench_ours(cfg, prepared, batch: int, n_steps: int) -> float:
 
 
 PEAK_SNIPPET = """
-import resource, sys, torch
+import sys, torch
 from diagsink.config import load_config
 from diagsink.data import load_metr_la
 from diagsink.train import prepare
@@ -181,7 +181,8 @@ cfg = load_config("paper")
 prepared = prepare(load_metr_la(), cfg, "cpu")
 step = bt.ours_step(cfg, prepared, 32, low_memory=LOW)
 step(); step()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+# VmHWM: this process's peak resident set (ru_maxrss would include the parent's peak: Linux keeps it across exec)
+print([line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")][0])
 """
 
 
@@ -190,7 +191,7 @@ def peak_memory_paper_batch32(low_memory: bool) -> float:
     here = os.path.dirname(os.path.abspath(__file__))
     code = PEAK_SNIPPET.replace("HERE", repr(here)).replace("LOW", repr(low_memory))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return int(out.stdout.strip().splitlines()[-1]) / 2**20  # ru_maxrss is in KiB on Linux
+    return int(out.stdout.strip().splitlines()[-1]) / 2**20  # VmHWM is in KiB
 
 
 def main() -> None:
