@@ -20,7 +20,7 @@ __all__ = ["main", "build_parser"]
 
 # Modules that contribute subcommands: each defines ``add_commands(subparsers)``.
 # Add a module here when it gains a command (keep this the only registry).
-COMMAND_MODULES: tuple[str, ...] = ("diagsink.course", "diagsink.data", "diagsink.train_cli")
+COMMAND_MODULES: tuple[str, ...] = ("diagsink.course", "diagsink.data", "diagsink.train_cli", "diagsink.sweeps")
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

@@ -1,0 +1,332 @@
+"""Sweeps beyond the paper: the diagonal sink against input length, penalty strength, dropout p.
+
+    diagsink sweep length  --protocol quick [--seeds N] [--epochs E] [--values 12,24,48,96] [--out DIR]
+    diagsink sweep penalty --protocol quick [--values -0.01,-0.1,-1]
+    diagsink sweep dropout --protocol quick [--values 0.05,0.2,0.5]
+
+Each *point* of a sweep is one training run (:func:`diagsink.train.train_run`) of the
+protocol with one setting changed:
+
+* ``length``: ``model.t_in`` (the input length ``T``) for several variants; the forecast
+  horizon stays ``model.t_out``. A length that leaves no training, validation or test window
+  on the loaded series is skipped with a message (the short METR-LA slice limits this).
+* ``penalty``: ``regularizers.diag_penalty`` of the ``penalty`` variant.
+* ``dropout``: ``regularizers.diag_p`` of the ``dropout`` variant.
+
+A point writes ``DIR/sweeps/<protocol>/<sweep>/<variant>_<key><value>_seed<k>.json``: a
+normal result artifact (:mod:`diagsink.artifacts`: metrics, the last block's attention,
+provenance with the changed config, checksum) plus a ``sweep`` field naming the sweep, the
+changed key and its value. Files are written atomically; a point whose valid artifact with
+the same configuration exists is skipped, so an interrupted sweep finishes by rerunning it.
+No state dicts are written for sweep points (the JSON holds everything the book plots).
+
+Sizes follow :func:`diagsink.settings.pick`: quick mode sweeps fewer values and variants.
+The chapter "Heatmaps on METR-LA" (``book/heatmaps.ipynb``) loads and plots the artifacts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from .errors import ConfigError, DataError
+
+__all__ = [
+    "SWEEPS",
+    "SweepPoint",
+    "default_values",
+    "sweep_points",
+    "point_path",
+    "run_sweep",
+    "load_sweep",
+    "sweep_rows",
+    "add_commands",
+]
+
+#: sweep name -> (config key that changes, its short name in file names)
+SWEEPS: dict[str, tuple[str, str]] = {
+    "length": ("model.t_in", "T"),
+    "penalty": ("regularizers.diag_penalty", "pen"),
+    "dropout": ("regularizers.diag_p", "p"),
+}
+
+
+class SweepPoint(NamedTuple):
+    """One run of a sweep: ``variant`` trained with config ``key`` set to ``value``."""
+
+    sweep: str
+    variant: str
+    key: str
+    value: float | int
+
+
+def _check_sweep(name: str) -> None:
+    if name not in SWEEPS:
+        raise ConfigError(f"unknown sweep {name!r}; choose one of {', '.join(SWEEPS)}.")
+
+
+def default_values(name: str) -> tuple[list[float | int], tuple[str, ...]]:
+    """The values and variants a sweep runs by default (smaller in quick mode, via ``ds.pick``)."""
+    from .model import VARIANTS
+    from .settings import pick
+
+    _check_sweep(name)
+    if name == "length":
+        return [12, 24, 48, 96], pick(("none", "dropout"), tuple(VARIANTS))
+    if name == "penalty":
+        return pick([-0.01, -0.1, -0.3, -1.0], [-0.01, -0.03, -0.1, -0.3, -0.5, -1.0]), ("penalty",)
+    return pick([0.05, 0.2, 0.35, 0.5], [0.05, 0.1, 0.2, 0.3, 0.4, 0.5]), ("dropout",)
+
+
+def _check_values(name: str, values: list[Any]) -> list[float | int]:
+    if not values:
+        raise ConfigError(f"sweep {name!r} needs at least one value.")
+    out: list[float | int] = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ConfigError(f"sweep {name!r}: value {v!r} is not a finite number.")
+        if name == "length":
+            if int(v) != v or not 2 <= v <= 1024:
+                raise ConfigError(f"sweep 'length': input length {v!r} must be a whole number of steps in [2, 1024], e.g. 12,24,48,96.")
+            out.append(int(v))
+        elif name == "penalty":
+            if not -10 <= v < 0:
+                raise ConfigError(f"sweep 'penalty': {v!r} must be a negative logit offset in [-10, 0), e.g. -0.01,-0.1,-1.")
+            out.append(float(v))
+        else:
+            if not 0 < v < 1:
+                raise ConfigError(f"sweep 'dropout': p = {v!r} must be a probability in (0, 1), e.g. 0.05,0.2,0.5.")
+            out.append(float(v))
+    if len(set(out)) != len(out):
+        raise ConfigError(f"sweep {name!r}: the values {values} repeat one; list each value once.")
+    return out
+
+
+def sweep_points(name: str, values: list[Any] | None = None, variants: tuple[str, ...] | None = None) -> list[SweepPoint]:
+    """The points of sweep ``name`` (defaults from :func:`default_values`), checked.
+
+    Raises:
+        ConfigError: unknown sweep, a bad value (not finite, a non-integer length, a
+            positive penalty, p outside (0, 1)), an unknown variant, or a variant the
+            sweep does not apply to (a penalty sweep of the dropout variant).
+    """
+    from .model import VARIANTS
+
+    _check_sweep(name)
+    dv, dvar = default_values(name)
+    vals = _check_values(name, list(dv if values is None else values))
+    vars_ = tuple(dvar if variants is None else variants)
+    for v in vars_:
+        if v not in VARIANTS:
+            raise ConfigError(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}.")
+    if name != "length" and vars_ != (name,):
+        raise ConfigError(f"sweep {name!r} changes a constant of the {name!r} variant only; drop --variants.")
+    key = SWEEPS[name][0]
+    return [SweepPoint(name, var, key, val) for var in vars_ for val in vals]
+
+
+def _fmt(value: float | int) -> str:
+    return f"{value:g}"
+
+
+def point_path(out_dir: str | Path, protocol: str, point: SweepPoint, seed: int) -> Path:
+    """``out_dir/sweeps/<protocol>/<sweep>/<variant>_<short><value>_seed<k>.json`` (inside ``out_dir``)."""
+    from .train import run_name, run_paths
+
+    run_paths(out_dir, protocol, point.variant, seed)  # refuses protocol names that leave out_dir
+    name = f"{point.variant}_{SWEEPS[point.sweep][1]}{_fmt(point.value)}_seed{run_name(point.variant, seed).rsplit('seed', 1)[1]}"
+    base = Path(out_dir).resolve()
+    path = (base / "sweeps" / protocol / point.sweep / f"{name}.json").resolve()
+    if not path.is_relative_to(base):
+        raise ConfigError(f"{path} is outside the output folder {base}.")
+    return path
+
+
+def _windows(n_steps: int, cfg: dict[str, Any]) -> dict[str, int] | str:
+    """Window counts of the split, or the reason there is no usable split."""
+    from .protocol import split_windows
+
+    m = cfg["model"]
+    try:
+        s = split_windows(n_steps, m["t_in"], m["t_out"], ratios=tuple(cfg["data"]["ratios"]), order=cfg["data"]["split_order"])
+    except DataError as exc:
+        return str(exc)
+    counts = {"train": len(s.train), "val": len(s.val), "test": len(s.test)}
+    empty = [k for k, c in counts.items() if c < 1]
+    return f"no {empty[0]} windows" if empty else counts
+
+
+def run_sweep(
+    name: str,
+    cfg: dict[str, Any] | str = "quick",
+    *,
+    seeds: int = 1,
+    values: list[Any] | None = None,
+    variants: tuple[str, ...] | None = None,
+    epochs: int | None = None,
+    out_dir: str | Path = "book/results",
+    data: Any = None,
+    device: str | None = None,
+    progress: bool = False,
+    log=print,
+) -> dict[str, list]:
+    """Run (or finish) sweep ``name``; return ``{"done": [paths], "skipped": [(point, reason)]}``.
+
+    ``epochs`` overrides ``train.epochs`` (and caps ``warmup_epochs`` below it) for every point.
+    Finished points (a valid artifact with the same configuration) are not rerun.
+
+    Raises:
+        ConfigError: bad sweep name, values, variants, seeds or epochs (before any training).
+    """
+    from .artifacts import ArtifactError, load_artifact, write_artifact
+    from .config import config_hash, load_config, override
+    from .settings import check_device, settings
+    from .train import prepare, train_run
+
+    points = sweep_points(name, values, variants)
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= 100:
+        raise ConfigError(f"seeds = {seeds!r} must be a whole number in [1, 100].")
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise ConfigError(f"epochs = {epochs!r} must be a whole number >= 1.")
+    base = load_config(cfg) if isinstance(cfg, (str, Path)) else copy.deepcopy(cfg)
+    if epochs is not None:
+        base = override(base, {"train.epochs": epochs, "train.warmup_epochs": min(base["train"]["warmup_epochs"], epochs - 1)})
+    import torch
+
+    device_t = torch.device(check_device(str(device)) if device else settings().device)
+    done: list[Path] = []
+    skipped: list[tuple[SweepPoint, str]] = []
+    prepared: dict[int, Any] = {}
+    for seed in range(seeds):
+        for point in points:
+            pcfg = override(base, {point.key: point.value})
+            path = point_path(out_dir, pcfg["protocol"], point, seed)
+            if path.exists():
+                try:
+                    art = load_artifact(path)
+                    if art["provenance"]["config_hash"] == config_hash(pcfg):
+                        log(f"skip {path.name} (finished)")
+                        done.append(path)
+                        continue
+                    log(f"redo {path.name}: made with another configuration")
+                except ArtifactError as exc:
+                    log(f"redo {path.name}: {exc}")
+            if data is None:
+                from .data import load_metr_la
+
+                data = load_metr_la()
+            counts = _windows(int(data.n_steps), pcfg)
+            if isinstance(counts, str):
+                reason = f"T_in = {pcfg['model']['t_in']} on {data.n_steps} steps: {counts}"
+                log(f"skip {path.name}: {reason}")
+                skipped.append((point, reason))
+                continue
+            t_in = pcfg["model"]["t_in"]
+            if t_in not in prepared:
+                prepared[t_in] = prepare(data, pcfg, device_t)
+            t0 = time.perf_counter()
+            art = train_run(copy.deepcopy(pcfg), point.variant, seed, prepared=prepared[t_in], device=str(device_t),
+                            progress=progress, write=False)
+            art = {k: v for k, v in art.items() if not k.startswith("_")}
+            art["state_dict"] = {**art["state_dict"], "file": None, "note": "not written for sweep points"}
+            art["sweep"] = {"name": name, "key": point.key, "value": point.value, "windows": counts}
+            write_artifact(path, art)
+            log(f"wrote {path.name}: MAE@mean {art['metrics']['MAE@mean']:.3f} ({time.perf_counter() - t0:.1f} s)")
+            done.append(path)
+    return {"done": done, "skipped": skipped}
+
+
+def load_sweep(out_dir: str | Path, protocol: str, name: str) -> list[dict[str, Any]]:
+    """Every valid artifact of sweep ``name`` (sorted by variant, value, seed); ``[]`` if none exist."""
+    from .artifacts import load_artifact
+
+    _check_sweep(name)
+    folder = Path(out_dir) / "sweeps" / protocol / name
+    arts = [load_artifact(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+    return sorted(arts, key=lambda a: (a["variant"], a["sweep"]["value"], a["seed"]))
+
+
+def sweep_rows(arts: list[dict[str, Any]], metric: str = "MAE@mean") -> list[dict[str, Any]]:
+    """One row per (variant, value): mean over seeds of ``metric``, diagonal mass, ``1/T``, entropy.
+
+    Diagonal mass and entropy come from each artifact's ``attention.mean`` ``[T, T]``
+    (:func:`diagsink.stats.diagonal_mass`, :func:`diagsink.stats.attention_entropy`).
+    """
+    import torch
+
+    from .stats import attention_entropy, diagonal_mass
+
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for a in arts:
+        groups.setdefault((a["variant"], a["sweep"]["value"]), []).append(a)
+    rows = []
+    for (variant, value), group in sorted(groups.items()):
+        mats = [torch.tensor(a["attention"]["mean"], dtype=torch.float64) for a in group]
+        dm = [diagonal_mass(m) for m in mats]
+        rows.append({
+            "variant": variant,
+            "value": value,
+            "seeds": len(group),
+            metric: sum(float(a["metrics"][metric]) for a in group) / len(group),
+            "diag_mass": sum(d.mass for d in dm) / len(dm),
+            "uniform": dm[0].uniform,
+            "entropy": sum(float(attention_entropy(m).mean()) for m in mats) / len(mats),
+            "train_windows": group[0]["sweep"]["windows"]["train"],
+        })
+    return rows
+
+
+# -- command line ---------------------------------------------------------------------------------------
+def _values(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, e.g. 12,24,48") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .data import load_metr_la
+
+    variants = tuple(args.variants.split(",")) if args.variants else None
+    from ._io import ensure_writable_dir
+
+    sweep_points(args.sweep, args.values, variants)  # bad values fail before the data is loaded
+    ensure_writable_dir(args.out, "--out")  # and an unwritable --out before any training
+    t0 = time.perf_counter()
+    res = run_sweep(args.sweep, args.protocol, seeds=args.seeds, values=args.values, variants=variants, epochs=args.epochs,
+                    out_dir=args.out, data=load_metr_la(args.data), device=args.device, progress=not args.no_progress)
+    print(f"sweep {args.sweep}: {len(res['done'])} points done, {len(res['skipped'])} skipped "
+          f"({time.perf_counter() - t0:.0f} s) -> {Path(args.out) / 'sweeps'}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``diagsink sweep {length,penalty,dropout}``."""
+    from .train_cli import _device
+
+    p = sub.add_parser("sweep", help="train one setting at several values (input length, penalty, dropout p); finished points are skipped")
+    p.add_argument("sweep", choices=tuple(SWEEPS), help="which setting to sweep")
+    p.add_argument("--protocol", default="quick", help="quick, book, paper or a YAML file (default quick)")
+    p.add_argument("--seeds", type=_positive, default=1, help="seeds 0..n-1 (default 1)")
+    p.add_argument("--epochs", type=_positive, default=None, help="override train.epochs (default: the protocol's)")
+    p.add_argument("--values", type=_values, default=None, help="comma-separated values (default: see diagsink.sweeps.default_values)")
+    p.add_argument("--variants", default=None, help="comma-separated variants (length sweep only)")
+    p.add_argument("--out", default="book/results", help="results folder (default book/results)")
+    p.add_argument("--data", default=None, help="METR-LA folder (default: DIAGSINK_DATA)")
+    p.add_argument("--device", default=None, type=_device, help="cpu or cuda")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_sweep)
