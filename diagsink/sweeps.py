@@ -42,6 +42,7 @@ __all__ = [
     "sweep_points",
     "point_path",
     "run_sweep",
+    "compact",
     "load_sweep",
     "sweep_rows",
     "add_commands",
@@ -234,10 +235,25 @@ def run_sweep(
             art = {k: v for k, v in art.items() if not k.startswith("_")}
             art["state_dict"] = {**art["state_dict"], "file": None, "note": "not written for sweep points"}
             art["sweep"] = {"name": name, "key": point.key, "value": point.value, "windows": counts}
-            write_artifact(path, art)
+            write_artifact(path, compact(art))
             log(f"wrote {path.name}: MAE@mean {art['metrics']['MAE@mean']:.3f} ({time.perf_counter() - t0:.1f} s)")
             done.append(path)
     return {"done": done, "skipped": skipped}
+
+
+def compact(art: dict[str, Any], digits: int = 6) -> dict[str, Any]:
+    """``art`` with its attention maps rounded to ``digits`` decimals (rows still sum to 1 within 1e-4).
+
+    Keeps the JSON of long inputs small: a ``T = 96`` point holds ``(1 + H) * 96 * 96`` weights.
+    """
+    att = dict(art["attention"])
+    for key in ("mean", "per_head"):
+        att[key] = _round(att[key], digits)
+    return {**art, "attention": att}
+
+
+def _round(x: Any, digits: int) -> Any:
+    return [_round(v, digits) for v in x] if isinstance(x, list) else round(float(x), digits)
 
 
 def load_sweep(out_dir: str | Path, protocol: str, name: str) -> list[dict[str, Any]]:
