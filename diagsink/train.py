@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import math
 import os
@@ -284,8 +285,13 @@ def toy_data(n_steps: int = 300, n_nodes: int = 6, seed: int = 0) -> ToyData:
 
 
 # -- provenance ---------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
 def git_commit() -> str:
-    """The repository's commit (``+dirty`` if tracked files changed), or ``"unknown"``."""
+    """The repository's commit (``+dirty`` if tracked files changed), or ``"unknown"``.
+
+    Read once per process (at the start of its first run) and cached: the code that runs is
+    the code imported then, even if the repository moves on while a long ``reproduce`` runs.
+    """
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
@@ -435,6 +441,7 @@ def train_run(
     paths = run_paths(out_dir, cfg["protocol"], variant, seed) if write else None
 
     m, t = cfg["model"], cfg["train"]
+    commit = git_commit()  # before training: the code version that runs
     torch.manual_seed(seed)
     model = build_model(cfg, variant, prepared)
     model.checkpoint_blocks = low_memory
@@ -572,7 +579,7 @@ def train_run(
             else {"file": None, "bytes": state_bytes.tell(), "note": f"omitted: larger than {STATE_DICT_LIMIT} bytes"}
         ),
         "provenance": {
-            "git_commit": git_commit(),
+            "git_commit": commit,
             "diagsink_version": __version__,
             "config": cfg,
             "config_hash": chash,
