@@ -37,6 +37,7 @@ from .errors import ConfigError, DataError
 
 __all__ = [
     "SWEEPS",
+    "MAX_LENGTH",
     "SweepPoint",
     "default_values",
     "sweep_points",
@@ -47,6 +48,9 @@ __all__ = [
     "sweep_rows",
     "add_commands",
 ]
+
+#: longest input a length sweep accepts: one day of 5-minute steps (memory grows with T^2).
+MAX_LENGTH = 288
 
 #: sweep name -> (config key that changes, its short name in file names)
 SWEEPS: dict[str, tuple[str, str]] = {
@@ -91,8 +95,11 @@ def _check_values(name: str, values: list[Any]) -> list[float | int]:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ConfigError(f"sweep {name!r}: value {v!r} is not a finite number.")
         if name == "length":
-            if int(v) != v or not 2 <= v <= 1024:
-                raise ConfigError(f"sweep 'length': input length {v!r} must be a whole number of steps in [2, 1024], e.g. 12,24,48,96.")
+            if int(v) != v or not 2 <= v <= MAX_LENGTH:
+                raise ConfigError(
+                    f"sweep 'length': input length {v!r} must be a whole number of steps in [2, {MAX_LENGTH}] (one day), "
+                    "e.g. 12,24,48,96; the attention's memory grows with T^2 (book/scaling.ipynb)."
+                )
             out.append(int(v))
         elif name == "penalty":
             if not -10 <= v < 0:

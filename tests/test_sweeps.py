@@ -63,6 +63,7 @@ def test_penalty_sweep_changes_only_the_penalty(tmp_path):
         ("penalty", [0.1], None, "must be a negative logit offset"),
         ("dropout", [1.0], None, r"probability in \(0, 1\)"),
         ("length", [12.5], None, "whole number of steps"),
+        ("length", [1000], None, r"in \[2, 288\]"),
         ("length", [float("nan")], None, "not a finite number"),
         ("penalty", [-0.1, -0.1], None, "repeat"),
         ("penalty", None, ("dropout",), "drop --variants"),
