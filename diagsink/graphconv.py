@@ -148,6 +148,7 @@ class DiffusionGraphConv(nn.Module):
         """All diffusion matrices stacked: ``[P_1, P_1^2, ..., P_1^K, P_2, ..., P_S^K]`` as ``[S K, N, N]``."""
         out = []
         for p in self.supports():
+            p = p.to_dense() if p.is_sparse else p  # the sparse subclass stores sparse supports
             power = p
             for k in range(self.order):
                 if k:

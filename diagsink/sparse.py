@@ -83,18 +83,6 @@ class SparseDiffusionGraphConv(DiffusionGraphConv):
         new.load_state_dict(layer.state_dict())
         return new.to(next(layer.parameters()).device)
 
-    def powers(self) -> torch.Tensor:
-        """The stacked dense diffusion matrices ``[S K, N, N]`` (for inspection; ``forward`` never builds them)."""
-        out = []
-        for p in self.supports():
-            p = p.to_dense() if p.is_sparse else p
-            power = p
-            for k in range(self.order):
-                if k:
-                    power = power @ p
-                out.append(power)
-        return torch.stack(out)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, T, N, C] -> [B, T, N, C]``: the terms ``P^k x`` as ``P (P^(k-1) x)``, sparse products in float32."""
         if x.dim() != 4 or x.shape[-2] != self.n_nodes or x.shape[-1] != self.channels:
