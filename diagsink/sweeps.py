@@ -49,7 +49,7 @@ __all__ = [
     "add_commands",
 ]
 
-#: longest input a length sweep accepts: one day of 5-minute steps (memory grows with T^2).
+#: The longest input a length sweep accepts, one day of 5-minute steps (memory grows with T^2).
 MAX_LENGTH = 288
 
 #: sweep name -> (config key that changes, its short name in file names)

@@ -73,3 +73,24 @@ def test_every_toc_entry_exists():
 def test_toc_has_parts():
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     assert toc["format"] == "jb-book" and toc.get("parts"), "_toc.yml must be a jb-book with parts"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_display_math_has_no_line_that_markdown_reads_as_a_list(path: Path):
+    """Inside a directive (a theorem, an exercise) MyST parses a ``$$`` line starting with
+    ``+ `` or ``- `` as a list item, and the formula is shown as raw text. Write ``{}+``."""
+    import re
+
+    nb = json.loads(path.read_text())
+    bad = []
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        in_math = False
+        for line in "".join(cell["source"]).split("\n"):
+            stripped = line.strip()
+            if in_math and re.match(r"^[+\-*]\s", stripped):
+                bad.append(f"cell {i}: {stripped[:50]!r}")
+            if stripped.count("$$") % 2:
+                in_math = not in_math
+    assert not bad, f"{path.name}: lines inside $$ read as list items (prefix them with {{}}): {bad}"
