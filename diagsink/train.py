@@ -608,6 +608,22 @@ def train_run(
     return artifact
 
 
+def _supersede(paths: dict[str, Path], old_hash: str) -> Path:
+    """Move a finished run made with another configuration to ``<protocol>/superseded/``.
+
+    A finished result is never deleted: the artifact and its state dict keep their names plus
+    the old configuration hash, outside the folder that the chapters load.
+    """
+    folder = paths["json"].parent / "superseded"
+    folder.mkdir(parents=True, exist_ok=True)
+    tag = str(old_hash)[:12]
+    for key in ("json", "state"):
+        src = paths[key]
+        if src.exists():
+            os.replace(src, folder / f"{src.stem}.{tag}{src.suffix}")
+    return folder / f"{paths['json'].stem}.{tag}.json"
+
+
 def reproduce(
     cfg: dict[str, Any] | str,
     seeds: int,
@@ -639,7 +655,9 @@ def reproduce(
                             print(f"skip {paths['json']} (finished)")
                         done.append(paths["json"])
                         continue
-                    print(f"redo {paths['json']}: it was made with another configuration of {cfg['protocol']!r}")
+                    kept = _supersede(paths, art["provenance"]["config_hash"])
+                    print(f"redo {paths['json']}: it was made with another configuration of {cfg['protocol']!r} "
+                          f"(the old result is kept as {kept})")
                 except ArtifactError as exc:
                     print(f"redo {paths['json']}: {exc}")
             if prepared is None:

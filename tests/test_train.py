@@ -158,6 +158,18 @@ def test_reproduce_skips_finished_runs(tmp_path):
     assert again == paths and [p.stat().st_mtime_ns for p in paths] == stamps
 
 
+def test_reproduce_with_another_config_keeps_the_old_result(tmp_path):
+    data = toy_data()
+    first = reproduce(tiny(**{"train.epochs": 2}), 1, variants=("none",), device="cpu", out_dir=tmp_path,
+                      data=data, progress=False)[0]
+    old_text = first.read_text()
+    reproduce(tiny(**{"train.epochs": 3}), 1, variants=("none",), device="cpu", out_dir=tmp_path, data=data,
+              progress=False)
+    kept = sorted((first.parent / "superseded").glob("none_seed0.*.json"))
+    assert len(kept) == 1 and kept[0].read_text() == old_text  # the finished run is not lost
+    assert first.read_text() != old_text  # and the new configuration's run replaced it
+
+
 def test_output_paths_cannot_escape(tmp_path):
     with pytest.raises(ConfigError, match="outside"):
         run_paths(tmp_path, "../elsewhere", "none", 0)
