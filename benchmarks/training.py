@@ -92,6 +92,19 @@ def _median(values: list[float]) -> float:
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
+def _update(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    """The optimiser step both sides share: bf16 autocast on CUDA, masked MAE, clip 5, AdamW."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
+        pred = model(x)
+    loss = masked_mae(pred.float(), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+    opt.step()
+    if x.is_cuda:
+        torch.cuda.synchronize()
+
+
 def ours_step(cfg, prepared, batch: int, low_memory: bool = False):
     """One training step of the engine's code path (gather on the device, TSModel, masked MAE, clip, AdamW)."""
     torch.manual_seed(0)
@@ -104,15 +117,7 @@ def ours_step(cfg, prepared, batch: int, low_memory: bool = False):
     def step():
         starts = prepared.train[torch.randint(len(prepared.train), (batch,), generator=g).to(prepared.train.device)]
         x, y = _batch(prepared, starts, 12, 12)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
-            pred = model(x)
-        loss = masked_mae(pred.float(), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        opt.step()
-        if x.is_cuda:
-            torch.cuda.synchronize()
+        _update(model, opt, x, y)
 
     return step
 
@@ -135,16 +140,7 @@ def baseline_step(cfg, prepared, batch: int, device: torch.device):
         except StopIteration:
             batches = iter(loader)
             x, y = next(batches)
-        x, y = x.to(device), y.to(device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
-            pred = model(x)
-        loss = masked_mae(pred.float(), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        opt.step()
-        if x.is_cuda:
-            torch.cuda.synchronize()
+        _update(model, opt, x.to(device), y.to(device))
 
     return step
 
