@@ -9,14 +9,14 @@ that folder does not have them.
 
 from __future__ import annotations
 
-import http.server
 import io
 import pickle
 import socket
-import threading
 import warnings
 import zipfile
 from pathlib import Path
+
+import _fileserver  # tests/_fileserver.py: the local HTTP server over in-memory files
 
 import numpy as np
 import pandas as pd
@@ -90,37 +90,10 @@ def files(tmp_path_factory) -> dict[str, bytes]:
     return out
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    files: dict[str, bytes] = {}
-
-    def log_message(self, *args):  # keep the test output clean
-        pass
-
-    def do_GET(self):
-        name = self.path.strip("/").split("?")[0]
-        mode, _, name = name.rpartition("/")
-        body = self.files.get(name)
-        if body is None:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if mode == "cut":  # announce the full length, send half, close: an interrupted transfer
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_RDWR)
-            return
-        self.wfile.write(body)
-
-
 @pytest.fixture(scope="module")
 def server(files):
-    handler = type("Handler", (_Handler,), {"files": files})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd, url = _fileserver.start(files)
+    yield url
     httpd.shutdown()
     httpd.server_close()
 

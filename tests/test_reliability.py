@@ -23,7 +23,6 @@ All data here is SYNTHETIC (5 made-up sensors); nothing is read from the METR-LA
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import pickle
@@ -32,9 +31,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
+
+import _fileserver  # tests/_fileserver.py: the local HTTP server over in-memory files
 
 import numpy as np
 import pandas as pd
@@ -315,31 +315,6 @@ def test_cli_errors_in_a_real_process_have_no_traceback(inputs):
 
 
 # ---------------------------------------------------------------- interruptions: download
-class _StallingHandler(http.server.BaseHTTPRequestHandler):
-    """Serves ``/ok/<name>``; ``/stall/<name>`` sends a third of the body, then hangs (a dead connection)."""
-
-    files: dict[str, bytes] = {}
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        mode, _, name = self.path.strip("/").rpartition("/")
-        body = self.files.get(name)
-        if body is None:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if mode == "stall":
-            self.wfile.write(body[: len(body) // 3])
-            self.wfile.flush()
-            time.sleep(30)
-            return
-        self.wfile.write(body)
-
-
 DOWNLOADER = textwrap.dedent("""
     import sys
     from diagsink import download as DL
@@ -375,11 +350,7 @@ def test_kill_minus_9_during_download_then_rerun(tmp_path):
     speed = np.tile(day, D.FULL_STEPS // 288)[:, None] + np.zeros((1, len(ids)))
     pd.DataFrame(speed, index=index, columns=ids).to_hdf(tmp_path / "full.h5", key="df", complevel=1, complib="zlib")
     files = {**graph, "full.h5": (tmp_path / "full.h5").read_bytes()}
-    handler = type("Handler", (_StallingHandler,), {"files": files})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    server = f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd, server = _fileserver.start(files)
     blobs = repr({n: DL.git_blob_sha1(b) for n, b in graph.items()})
     size, sha = str(len(files["full.h5"])), hashlib.sha256(files["full.h5"]).hexdigest()
     root = tmp_path / "data"
