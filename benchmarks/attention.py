@@ -18,6 +18,12 @@ rounds, all measured in this one run. ``--clock wall`` (default) measures elapse
 other processes on a busy machine disturb much less (use it with ``--threads 1``; on a GPU
 only wall time is meaningful).
 
+Every shape runs twice by default: without attention dropout (``--attn-dropout 0``: on the
+CPU both sides then use the fused ``scaled_dot_product_attention`` kernel, whose masked code
+path is slower than its unmasked one) and with attention dropout 0.1, as the book's and the
+paper's models train (PyTorch then computes attention, ours and MHA's alike, with its unfused
+math path, where adding a bias is one cheap elementwise operation).
+
 Targets (flagged in the output):
 
 * the fast path (``diag=None``, fused ``scaled_dot_product_attention``) is no slower than
@@ -56,11 +62,11 @@ FULL_SHAPES = [
 ]
 
 
-def variants(d_model: int, n_heads: int) -> dict[str, tuple[nn.Module, dict]]:
-    """name -> (module, call options). All of ours share one set of weights."""
-    base = ds.TemporalAttention(d_model, n_heads, residual=False)
+def variants(d_model: int, n_heads: int, dropout: float = 0.0) -> dict[str, tuple[nn.Module, dict]]:
+    """name -> (module, call options). All of ours share one set of weights; ``dropout`` = attention dropout."""
+    base = ds.TemporalAttention(d_model, n_heads, residual=False, dropout=dropout)
     out: dict[str, tuple[nn.Module, dict]] = {}
-    mha = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+    mha = nn.MultiheadAttention(d_model, n_heads, dropout=dropout, batch_first=True)
     out["nn.MultiheadAttention"] = (mha, {})
     out["diag=None (fast path)"] = (base, {})
     out["diag=None (explicit path)"] = (base, {"return_attention": True})
@@ -70,7 +76,7 @@ def variants(d_model: int, n_heads: int) -> dict[str, tuple[nn.Module, dict]]:
         ("diag='dropout' (independent)", {"diag": "dropout", "diag_p": 0.2, "diag_shared": False}),
         ("diag='penalty'", {"diag": "penalty", "diag_penalty": -0.1}),
     ]:
-        layer = ds.TemporalAttention(d_model, n_heads, residual=False, **kw)
+        layer = ds.TemporalAttention(d_model, n_heads, residual=False, dropout=dropout, **kw)
         layer.load_state_dict(base.state_dict())
         out[name] = (layer, {})
     return out
@@ -96,6 +102,18 @@ def step(module: nn.Module, options: dict, x: torch.Tensor, g: torch.Tensor) -> 
     return run
 
 
+def _commit() -> str:
+    """The git commit of the working tree (with ``+dirty`` when it has changes), or ``unknown``."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -104,9 +122,11 @@ def sync(device: torch.device) -> None:
 CLOCK = time.perf_counter  # set by --clock
 
 
-def bench_shape(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device: torch.device) -> dict[str, list[float]]:
+def bench_shape(
+    lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device: torch.device, dropout: float = 0.0
+) -> dict[str, list[float]]:
     torch.manual_seed(0)
-    mods = variants(C, H)
+    mods = variants(C, H, dropout)
     x = torch.randn(*lead, T, C, device=device, requires_grad=True)
     g = torch.randn(*lead, T, C, device=device)
     runs = {}
@@ -207,7 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time or this process's CPU time")
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument(
+        "--attn-dropout", default="0,0.1",
+        help="comma-separated attention-dropout rates to run every shape with (default 0,0.1: without, and as the "
+        "book's and the paper's models train)",
+    )
     args = parser.parse_args(argv)
+    rates = [float(r) for r in args.attn_dropout.split(",") if r.strip()]
     if args.threads:
         torch.set_num_threads(args.threads)
     global CLOCK
@@ -216,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = FULL_SHAPES if args.full else QUICK_SHAPES
     rounds = args.rounds or (5 if args.full else 7)
     print("# TemporalAttention vs nn.MultiheadAttention: forward + backward, float32, train mode")
+    print(f"UTC {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}, git commit {_commit()}, {platform.processor() or platform.machine()}")
     print(
         f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, "
         f"python {platform.python_version()}, {'full' if args.full else 'quick'} sizes, {rounds} rounds, "
@@ -223,10 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     started = time.perf_counter()
     missed: list[str] = []
-    for label, lead, T in shapes:
-        times = bench_shape(lead, T, args.d_model, args.heads, rounds, device)
-        missed += report(label, lead, T, args.d_model, args.heads, times)
-        print(diagnose(lead, T, args.d_model, args.heads, rounds, device))
+    for rate in rates:
+        print(f"\n# attention dropout {rate:g}" + (
+            "  (the CPU runs the fused kernel)" if rate == 0 else
+            "  (train mode: PyTorch computes attention with dropout by its unfused math path, for us and MHA alike)"))
+        for label, lead, T in shapes:
+            times = bench_shape(lead, T, args.d_model, args.heads, rounds, device, rate)
+            missed += report(f"{label}, attention dropout {rate:g}", lead, T, args.d_model, args.heads, times)
+            if rate == 0:
+                print(diagnose(lead, T, args.d_model, args.heads, rounds, device))
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
     if missed:
         print("targets missed:\n  " + "\n  ".join(missed))
