@@ -12,7 +12,11 @@ optimiser, schedule, early stopping, data split. Three ship with the package
 
 :func:`load_config` returns a plain nested ``dict``; a misspelt key, a missing key or an
 unknown protocol raises :class:`~diagsink.errors.ConfigError` naming the key and the allowed
-ones. Explained in the chapter "The T&S model and its training loop" (``book/model.ipynb``).
+ones. A few keys are *optional* (:data:`OPTIONAL`): a protocol may leave them out, which
+means their default, and :func:`config_hash` ignores them when they hold the default, so a
+config that spells out a default hashes like one that leaves it out (committed artifacts made
+before such a key existed stay current). Explained in the chapter "The T&S model and its
+training loop" (``book/model.ipynb``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import yaml
 
 from .errors import ConfigError
 
-__all__ = ["PROTOCOLS", "SCHEMA", "load_config", "validate_config", "override", "config_hash"]
+__all__ = ["PROTOCOLS", "SCHEMA", "OPTIONAL", "load_config", "validate_config", "override", "config_hash"]
 
 PROTOCOLS: tuple[str, ...] = ("paper", "book", "quick")
 
@@ -50,6 +54,7 @@ SCHEMA: dict[str, Any] = {
         "node_embed_dim": int,
         "t_in": int,
         "t_out": int,
+        "block_order": str,
     },
     "regularizers": {"diag_p": _NUM, "diag_penalty": _NUM},
     "train": {
@@ -70,8 +75,14 @@ SCHEMA: dict[str, Any] = {
     "seeds": int,
 }
 
+#: Optional keys -> their default (same nesting as :data:`SCHEMA`): may be left out of a
+#: protocol; :func:`config_hash` drops them when they equal the default.
+#: ``model.block_order``: ``"ts"`` (temporal attention then graph conv, the paper's) or ``"st"``.
+OPTIONAL: dict[str, Any] = {"model": {"block_order": "ts"}}
 
-def _check(cfg: Any, schema: dict[str, Any], where: str) -> None:
+
+def _check(cfg: Any, schema: dict[str, Any], where: str, optional: dict[str, Any] | None = None) -> None:
+    optional = optional or {}
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where or 'the config'} must be a mapping with keys {sorted(schema)}.")
     unknown = sorted(set(cfg) - set(schema))
@@ -80,17 +91,20 @@ def _check(cfg: Any, schema: dict[str, Any], where: str) -> None:
             f"unknown config key {where + '.' if where else ''}{unknown[0]!s}: allowed keys here are "
             f"{', '.join(sorted(schema))} (check the spelling)."
         )
-    missing = sorted(set(schema) - set(cfg))
+    required = set(schema) - {k for k, v in optional.items() if not isinstance(v, dict)}
+    missing = sorted(required - set(cfg))
     if missing:
         raise ConfigError(
             f"config key {where + '.' if where else ''}{missing[0]} is missing; every protocol sets "
-            f"{', '.join(sorted(schema))}."
+            f"{', '.join(sorted(required))}."
         )
     for key, kind in schema.items():
         name = f"{where}.{key}" if where else key
+        if key not in cfg:  # an optional key left out: its default applies
+            continue
         value = cfg[key]
         if isinstance(kind, dict):
-            _check(value, kind, name)
+            _check(value, kind, name, optional.get(key))
             continue
         kinds = kind if isinstance(kind, tuple) else (kind,)
         ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
@@ -104,7 +118,11 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     from .attention import DIAG_OPTIONS  # noqa: F401  (documents where the options come from)
     from .positional import POSITIONAL_OPTIONS
 
-    _check(cfg, SCHEMA, "")
+    from .model import check_block_order
+
+    if isinstance(cfg, dict) and isinstance(cfg.get("model"), dict) and "block_order" in cfg["model"]:
+        check_block_order(cfg["model"]["block_order"])  # before the type check: its message lists the choices
+    _check(cfg, SCHEMA, "", OPTIONAL)
     m, t, r, d = cfg["model"], cfg["train"], cfg["regularizers"], cfg["data"]
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", cfg["protocol"]):
         raise ConfigError(
@@ -189,6 +207,26 @@ def override(cfg: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return validate_config(out)
 
 
+def _without_defaults(cfg: Any, optional: dict[str, Any]) -> Any:
+    """``cfg`` without the optional keys that hold their default (a copy where anything is dropped)."""
+    if not isinstance(cfg, dict):
+        return cfg
+    out = dict(cfg)
+    for key, default in optional.items():
+        if key not in out:
+            continue
+        if isinstance(default, dict):
+            out[key] = _without_defaults(out[key], default)
+        elif out[key] == default and type(out[key]) is type(default):
+            del out[key]
+    return out
+
+
 def config_hash(cfg: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of ``cfg`` (sorted keys): equal configs, equal hashes."""
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """sha256 of the canonical JSON of ``cfg`` (sorted keys): equal configs, equal hashes.
+
+    Optional keys (:data:`OPTIONAL`) that hold their default are left out first, so
+    ``model.block_order: ts`` written out and left out give the same hash.
+    """
+    canon = _without_defaults(cfg, OPTIONAL)
+    return hashlib.sha256(json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

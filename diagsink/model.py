@@ -9,6 +9,11 @@ the predicted speed (unscaled, mph) for the next ``T_out = 12`` steps. One block
                                                         drops this residual)
     x' = LayerNorm(h + DiffusionGraphConv(h))           per time step, over sensors
 
+That is the paper's order, ``block_order="ts"`` (temporal, then spatial). ``block_order="st"``
+swaps the two sublayers (graph convolution first, then temporal attention) with the same
+modules and parameters, so the two orders can be compared weight for weight; the book's
+chapter "Heatmaps on METR-LA" (``book/heatmaps.ipynb``) trains both (``diagsink sweep order``).
+
 The speed enters through ``Linear(1 -> C)`` plus a tAPE positional table (added once);
 the time of day through ``Linear(1 -> C)``. The head concatenates the last block's output
 with the raw time of day, maps it per step with ``Linear(C + 1 -> 1)``, then mixes the 12
@@ -36,7 +41,7 @@ from .errors import ConfigError
 from .graphconv import DiffusionGraphConv
 from .positional import PositionalEncoding
 
-__all__ = ["VARIANTS", "VARIANT_LABELS", "variant_attention_kwargs", "TSBlock", "TSModel"]
+__all__ = ["VARIANTS", "VARIANT_LABELS", "BLOCK_ORDERS", "check_block_order", "variant_attention_kwargs", "TSBlock", "TSModel"]
 
 #: The paper's five variants, in the order of its table.
 VARIANTS: tuple[str, ...] = ("no_residual", "none", "mask", "dropout", "penalty")
@@ -49,6 +54,22 @@ VARIANT_LABELS: dict[str, str] = {
     "dropout": "(d) diagonal dropout",
     "penalty": "(e) diagonal penalty",
 }
+
+
+#: Sublayer orders of a block: ``"ts"`` temporal attention then graph conv (the paper's T&S, the
+#: default); ``"st"`` graph conv then temporal attention.
+BLOCK_ORDERS: tuple[str, ...] = ("ts", "st")
+
+
+def check_block_order(order: Any) -> str:
+    """Return ``order`` if it is one of :data:`BLOCK_ORDERS`, else raise :class:`ConfigError`."""
+    if not isinstance(order, str) or order not in BLOCK_ORDERS:
+        raise ConfigError(
+            f"model.block_order = {order!r} is not known; allowed: 'ts' (temporal attention then graph conv, the "
+            "paper's T&S, the default) or 'st' (graph conv then temporal attention). Set model.block_order to one of "
+            "them in the protocol YAML (or leave it out for 'ts')."
+        )
+    return order
 
 
 def variant_attention_kwargs(variant: str, *, diag_p: float = 0.2, diag_penalty: float = -0.1) -> dict[str, Any]:
@@ -73,11 +94,17 @@ def variant_attention_kwargs(variant: str, *, diag_p: float = 0.2, diag_penalty:
 class TSBlock(nn.Module):
     """One T&S block: temporal attention (+ residual, LayerNorm), then graph conv (+ residual, LayerNorm).
 
+    With ``block_order="st"`` the graph conv sublayer (+ residual, LayerNorm) comes first and
+    the temporal attention sublayer second; the time-of-day bias is added at the block input
+    in both orders, and the modules (``attn``, ``gconv``, ``norm``) are the same, so a state
+    dict of one order loads into the other.
+
     Args:
         d_model, n_heads, dropout: of the attention layer (``dropout`` = attention dropout,
             also used after the graph convolution).
         supports, order, adaptive, n_nodes, embed_dim: of :class:`DiffusionGraphConv`.
         attention_kwargs: the variant's arguments (:func:`variant_attention_kwargs`).
+        block_order: ``"ts"`` (default, the paper's) or ``"st"`` (:data:`BLOCK_ORDERS`).
 
     Shapes:
         ``x``, ``tod``: ``[B, T, N, C]`` -> ``[B, T, N, C]``; attention ``[B, N, H, T, T]``.
@@ -95,8 +122,10 @@ class TSBlock(nn.Module):
         embed_dim: int = 10,
         dropout: float = 0.0,
         attention_kwargs: dict[str, Any] | None = None,
+        block_order: str = "ts",
     ) -> None:
         super().__init__()
+        self.block_order = check_block_order(block_order)
         self.attn = TemporalAttention(d_model, n_heads, dropout=dropout, norm="post", **(attention_kwargs or {}))
         self.gconv = DiffusionGraphConv(
             d_model, supports, order=order, adaptive=adaptive, n_nodes=n_nodes, embed_dim=embed_dim, dropout=dropout
@@ -106,14 +135,18 @@ class TSBlock(nn.Module):
     def forward(
         self, x: torch.Tensor, tod: torch.Tensor, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        h = (x + tod).transpose(1, 2)  # [B, N, T, C]: each sensor's sequence, time second-to-last
+        h = x + tod  # [B, T, N, C]
+        if self.block_order == "st":
+            h = self.norm(h + self.gconv(h))  # spatial first: per time step, over sensors
+        h = h.transpose(1, 2)  # [B, N, T, C]: each sensor's sequence, time second-to-last
         if return_attention:
             h, attn = self.attn(h, return_attention=True)
         else:
             h, attn = self.attn(h), None
         h = h.transpose(1, 2)  # back to [B, T, N, C]
-        y = self.norm(h + self.gconv(h))
-        return (y, attn) if return_attention else y
+        if self.block_order == "ts":
+            h = self.norm(h + self.gconv(h))  # spatial second (the paper's T&S)
+        return (h, attn) if return_attention else h
 
 
 class TSModel(nn.Module):
@@ -128,6 +161,8 @@ class TSModel(nn.Module):
         order, adaptive, embed_dim: graph convolution settings.
         t_in, t_out: input and output steps.
         diag_p, diag_penalty: the regularizers' constants.
+        block_order: ``"ts"`` (temporal attention then graph conv in every block, the paper's)
+            or ``"st"`` (graph conv then temporal attention); config key ``model.block_order``.
         speed_mean, speed_std: the scaler; the output is ``head * std + mean`` (mph).
         checkpoint_blocks: activation checkpointing in training: each block's activations are
             recomputed in the backward pass instead of stored (about one extra forward pass of
@@ -159,9 +194,11 @@ class TSModel(nn.Module):
         speed_mean: float = 0.0,
         speed_std: float = 1.0,
         checkpoint_blocks: bool = False,
+        block_order: str = "ts",
     ) -> None:
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
+        self.block_order = check_block_order(block_order)
         kwargs = variant_attention_kwargs(variant, diag_p=diag_p, diag_penalty=diag_penalty)
         for name, value in (("n_nodes", n_nodes), ("depth", depth), ("t_in", t_in), ("t_out", t_out)):
             if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < 1:
@@ -175,7 +212,7 @@ class TSModel(nn.Module):
         self.blocks = nn.ModuleList(
             TSBlock(
                 d_model, n_heads, supports, order=order, adaptive=adaptive, n_nodes=n_nodes,
-                embed_dim=embed_dim, dropout=dropout, attention_kwargs=kwargs,
+                embed_dim=embed_dim, dropout=dropout, attention_kwargs=kwargs, block_order=block_order,
             )
             for _ in range(depth)
         )

@@ -1,8 +1,9 @@
-"""Sweeps beyond the paper: the diagonal sink against input length, penalty strength, dropout p.
+"""Sweeps beyond the paper: the diagonal sink against input length, penalty strength, dropout p, block order.
 
     diagsink sweep length  --protocol quick [--seeds N] [--epochs E] [--values 12,24,48,96] [--out DIR]
     diagsink sweep penalty --protocol quick [--values -0.01,-0.1,-1]
     diagsink sweep dropout --protocol quick [--values 0.05,0.2,0.5]
+    diagsink sweep order   --protocol quick [--values ts,st] [--variants none,dropout]
 
 Each *point* of a sweep is one training run (:func:`diagsink.train.train_run`) of the
 protocol with one setting changed:
@@ -12,6 +13,8 @@ protocol with one setting changed:
   on the loaded series is skipped with a message (the short METR-LA slice limits this).
 * ``penalty``: ``regularizers.diag_penalty`` of the ``penalty`` variant.
 * ``dropout``: ``regularizers.diag_p`` of the ``dropout`` variant.
+* ``order``: ``model.block_order`` (``ts``: temporal attention then graph conv in every
+  block, the paper's T&S; ``st``: graph conv then temporal attention) for several variants.
 
 A point writes ``DIR/sweeps/<protocol>/<sweep>/<variant>_<key><value>_seed<k>.json``: a
 normal result artifact (:mod:`diagsink.artifacts`: metrics, the last block's attention,
@@ -37,6 +40,7 @@ from .errors import ConfigError, DataError
 
 __all__ = [
     "SWEEPS",
+    "MULTI_VARIANT",
     "MAX_LENGTH",
     "SweepPoint",
     "default_values",
@@ -57,7 +61,11 @@ SWEEPS: dict[str, tuple[str, str]] = {
     "length": ("model.t_in", "T"),
     "penalty": ("regularizers.diag_penalty", "pen"),
     "dropout": ("regularizers.diag_p", "p"),
+    "order": ("model.block_order", "order"),
 }
+
+#: sweeps that train several variants (``--variants``); the others change one variant's constant.
+MULTI_VARIANT: tuple[str, ...] = ("length", "order")
 
 
 class SweepPoint(NamedTuple):
@@ -66,7 +74,7 @@ class SweepPoint(NamedTuple):
     sweep: str
     variant: str
     key: str
-    value: float | int
+    value: float | int | str
 
 
 def _check_sweep(name: str) -> None:
@@ -74,23 +82,38 @@ def _check_sweep(name: str) -> None:
         raise ConfigError(f"unknown sweep {name!r}; choose one of {', '.join(SWEEPS)}.")
 
 
-def default_values(name: str) -> tuple[list[float | int], tuple[str, ...]]:
+def default_values(name: str) -> tuple[list[float | int | str], tuple[str, ...]]:
     """The values and variants a sweep runs by default (smaller in quick mode, via ``ds.pick``)."""
-    from .model import VARIANTS
+    from .model import BLOCK_ORDERS, VARIANTS
     from .settings import pick
 
     _check_sweep(name)
     if name == "length":
         return [12, 24, 48, 96], pick(("none", "dropout"), tuple(VARIANTS))
+    if name == "order":
+        return list(BLOCK_ORDERS), pick(("none", "dropout"), tuple(VARIANTS))
     if name == "penalty":
         return pick([-0.01, -0.1, -0.3, -1.0], [-0.01, -0.03, -0.1, -0.3, -0.5, -1.0]), ("penalty",)
     return pick([0.05, 0.2, 0.35, 0.5], [0.05, 0.1, 0.2, 0.3, 0.4, 0.5]), ("dropout",)
 
 
-def _check_values(name: str, values: list[Any]) -> list[float | int]:
+def _check_values(name: str, values: list[Any]) -> list[float | int | str]:
     if not values:
         raise ConfigError(f"sweep {name!r} needs at least one value.")
-    out: list[float | int] = []
+    out: list[float | int | str] = []
+    if name == "order":
+        from .model import BLOCK_ORDERS
+
+        for v in values:
+            if v not in BLOCK_ORDERS or not isinstance(v, str):
+                raise ConfigError(
+                    f"sweep 'order': {v!r} is not a block order; allowed: {', '.join(BLOCK_ORDERS)} "
+                    "(ts = temporal attention then graph conv, the paper's; st = graph conv first), e.g. --values ts,st."
+                )
+            out.append(v)
+        if len(set(out)) != len(out):
+            raise ConfigError(f"sweep 'order': the values {values} repeat one; list each value once.")
+        return out
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ConfigError(f"sweep {name!r}: value {v!r} is not a finite number.")
@@ -131,14 +154,14 @@ def sweep_points(name: str, values: list[Any] | None = None, variants: tuple[str
     for v in vars_:
         if v not in VARIANTS:
             raise ConfigError(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}.")
-    if name != "length" and vars_ != (name,):
+    if name not in MULTI_VARIANT and vars_ != (name,):
         raise ConfigError(f"sweep {name!r} changes a constant of the {name!r} variant only; drop --variants.")
     key = SWEEPS[name][0]
     return [SweepPoint(name, var, key, val) for var in vars_ for val in vals]
 
 
-def _fmt(value: float | int) -> str:
-    return f"{value:g}"
+def _fmt(value: float | int | str) -> str:
+    return value if isinstance(value, str) else f"{value:g}"
 
 
 def point_path(out_dir: str | Path, protocol: str, point: SweepPoint, seed: int) -> Path:
@@ -283,7 +306,7 @@ def sweep_rows(arts: list[dict[str, Any]], metric: str = "MAE@mean") -> list[dic
 
     from .stats import attention_entropy, diagonal_mass
 
-    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, Any], list[dict[str, Any]]] = {}
     for a in arts:
         groups.setdefault((a["variant"], a["sweep"]["value"]), []).append(a)
     rows = []
@@ -304,11 +327,17 @@ def sweep_rows(arts: list[dict[str, Any]], metric: str = "MAE@mean") -> list[dic
 
 
 # -- command line ---------------------------------------------------------------------------------------
-def _values(text: str) -> list[float]:
+def _values(text: str) -> list[float | str]:
+    """Comma-separated numbers, or names (``ts,st`` for the order sweep; checked by :func:`sweep_points`)."""
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if items and all(v.isidentifier() for v in items):
+        return items  # names, e.g. block orders
     try:
-        return [float(v) for v in text.split(",") if v.strip()]
+        return [float(v) for v in items]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, e.g. 12,24,48") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of numbers (e.g. 12,24,48) or of names (e.g. ts,st)"
+        ) from None
 
 
 def _positive(text: str) -> int:
@@ -338,16 +367,16 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register ``diagsink sweep {length,penalty,dropout}``."""
+    """Register ``diagsink sweep {length,penalty,dropout,order}``."""
     from .train_cli import _device
 
-    p = sub.add_parser("sweep", help="train one setting at several values (input length, penalty, dropout p); finished points are skipped")
+    p = sub.add_parser("sweep", help="train one setting at several values (input length, penalty, dropout p, block order); finished points are skipped")
     p.add_argument("sweep", choices=tuple(SWEEPS), help="which setting to sweep")
     p.add_argument("--protocol", default="quick", help="quick, book, paper or a YAML file (default quick)")
     p.add_argument("--seeds", type=_positive, default=1, help="seeds 0..n-1 (default 1)")
     p.add_argument("--epochs", type=_positive, default=None, help="override train.epochs (default: the protocol's)")
-    p.add_argument("--values", type=_values, default=None, help="comma-separated values (default: see diagsink.sweeps.default_values)")
-    p.add_argument("--variants", default=None, help="comma-separated variants (length sweep only)")
+    p.add_argument("--values", type=_values, default=None, help="comma-separated values, e.g. 12,24,48 or ts,st (default: see diagsink.sweeps.default_values)")
+    p.add_argument("--variants", default=None, help="comma-separated variants (length and order sweeps only)")
     p.add_argument("--out", default="book/results", help="results folder (default book/results)")
     p.add_argument("--data", default=None, help="METR-LA folder (default: DIAGSINK_DATA)")
     p.add_argument("--device", default=None, type=_device, help="cpu or cuda")

@@ -156,6 +156,7 @@ def build_model(cfg: dict[str, Any], variant: str, prepared: Prepared) -> TSMode
         diag_penalty=r["diag_penalty"],
         speed_mean=prepared.mean,
         speed_std=prepared.std,
+        block_order=m.get("block_order", "ts"),  # optional key (diagsink.config.OPTIONAL)
     ).to(prepared.series.device)
     return sparsify(model)  # torch.sparse road-graph products when the graph is large (book/scaling.ipynb)
 

@@ -166,3 +166,133 @@ def test_activation_checkpointing_gives_the_same_gradients():
         grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
     for k in grads[0]:
         torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
+
+
+# -- block order: "ts" (temporal attention then graph conv, the paper's) and "st" ---------------------------
+def _pair(depth: int = 2, variant: str = "none", seed: int = 0):
+    """A "ts" and an "st" model with the same weights (same modules, same initialisation)."""
+    a = _path_graph(5)
+    models = []
+    for order in ("ts", "st"):
+        torch.manual_seed(seed)
+        models.append(TSModel(5, _supports(a), variant=variant, d_model=8, n_heads=2, depth=depth, block_order=order).eval())
+    return models
+
+
+@pytest.mark.parametrize("order", ["ts", "st"])
+def test_block_order_shapes_and_attention_path(order):
+    a = _path_graph(5)
+    model = TSModel(5, _supports(a), d_model=8, n_heads=2, depth=2, block_order=order).eval()
+    assert model.block_order == order and all(b.block_order == order for b in model.blocks)
+    x = torch.randn(3, 12, 5, 2)
+    with torch.no_grad():
+        y, attn = model(x, return_attention=True)
+        y_plain = model(x)
+    assert y.shape == (3, 12, 5) and attn.shape == (3, 5, 2, 12, 12)
+    torch.testing.assert_close(y, y_plain)  # the explicit attention path computes the same forecast
+    torch.testing.assert_close(attn.sum(-1), torch.ones(3, 5, 2, 12))
+    block = TSBlock(8, 2, _supports(a), block_order=order).eval()
+    h, tod = torch.randn(2, 12, 5, 8), torch.randn(2, 12, 5, 8)
+    with torch.no_grad():
+        out, att = block(h, tod, return_attention=True)
+        torch.testing.assert_close(out, block(h, tod))
+    assert out.shape == h.shape and att.shape == (2, 5, 2, 12, 12)
+
+
+def test_block_orders_are_different_functions_of_the_same_weights():
+    ts, st = _pair()
+    assert ts.state_dict().keys() == st.state_dict().keys()
+    for k, v in ts.state_dict().items():
+        torch.testing.assert_close(st.state_dict()[k], v, msg=k)  # same initialisation from the same seed
+    x = torch.randn(2, 12, 5, 2)
+    with torch.no_grad():
+        assert (ts(x) - st(x)).abs().max() > 1e-3
+        st.load_state_dict(ts.state_dict())  # a state dict of one order loads into the other
+        assert (ts(x) - st(x)).abs().max() > 1e-3
+
+
+def _by_hand(block: TSBlock, x: torch.Tensor, tod: torch.Tensor, order: str):
+    """One block written out: ``order`` = "ts" or "st"; returns (output, attention weights)."""
+    def spatial(h):
+        return block.norm(h + block.gconv(h))
+
+    def temporal(h):
+        y, att = block.attn(h.transpose(1, 2), return_attention=True)
+        return y.transpose(1, 2), att
+
+    h = x + tod
+    if order == "st":
+        y, att = temporal(spatial(h))
+    else:
+        y, att = temporal(h)
+        y = spatial(y)
+    return y, att
+
+
+@pytest.mark.parametrize("order", ["ts", "st"])
+def test_block_applies_its_sublayers_in_the_stated_order(order):
+    """The block equals its order written by hand, and differs from the other order."""
+    torch.manual_seed(1)
+    block = TSBlock(8, 2, _supports(_path_graph(5)), block_order=order).eval()
+    x, tod = torch.randn(2, 12, 5, 8), torch.randn(2, 12, 5, 8)
+    other = "ts" if order == "st" else "st"
+    with torch.no_grad():
+        y, att = block(x, tod, return_attention=True)
+        want, want_att = _by_hand(block, x, tod, order)
+        swapped, swapped_att = _by_hand(block, x, tod, other)
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(att, want_att)
+    assert (y - swapped).abs().max() > 1e-3 and (att - swapped_att).abs().max() > 1e-4
+
+
+def test_st_attention_already_sees_the_neighbours():
+    """Graph conv first: the first block's attention weights of sensor 0 depend on its neighbour
+    (sensor 1) in "st" and not at all in "ts" (where attention is per sensor before any mixing)."""
+    torch.manual_seed(2)
+    a = _path_graph(5)
+    x = torch.randn(2, 12, 5, 8)
+    tod = torch.zeros_like(x)
+    x2 = x.clone()
+    x2[:, :, 1] += torch.randn(2, 12, 8)  # perturb sensor 1 only
+    change = {}
+    for order in ("ts", "st"):
+        torch.manual_seed(3)
+        block = TSBlock(8, 2, _supports(a), adaptive=False, block_order=order).eval()
+        with torch.no_grad():
+            _, att = block(x, tod, return_attention=True)
+            _, att2 = block(x2, tod, return_attention=True)
+        change[order] = (att2 - att)[:, 0].abs().max()  # sensor 0's attention map
+    assert change["ts"] == 0 and change["st"] > 1e-4, change
+
+
+@pytest.mark.parametrize("bad", ["TS", "s&t", "", None, 1])
+def test_bad_block_order_is_a_config_error(bad):
+    from diagsink.config import load_config, override
+
+    for make in (
+        lambda: TSModel(5, _supports(_path_graph(5)), d_model=8, n_heads=2, depth=1, block_order=bad),
+        lambda: TSBlock(8, 2, _supports(_path_graph(5)), block_order=bad),
+        lambda: override(load_config("quick"), {"model.block_order": bad}),
+    ):
+        with pytest.raises(ConfigError) as err:
+            make()
+        msg = str(err.value)
+        assert "model.block_order" in msg and "'ts'" in msg and "'st'" in msg and "protocol YAML" in msg
+
+
+def test_block_order_is_optional_and_the_default_keeps_the_hash():
+    from diagsink.config import OPTIONAL, PROTOCOLS, config_hash, load_config, override
+    from diagsink.model import BLOCK_ORDERS
+    from diagsink.train import build_model, prepare, toy_data
+
+    assert OPTIONAL["model"]["block_order"] == BLOCK_ORDERS[0] == "ts"
+    for name in PROTOCOLS:
+        cfg = load_config(name)
+        assert "block_order" not in cfg["model"]  # the shipped protocols leave it out: "ts"
+        ts, st = override(cfg, {"model.block_order": "ts"}), override(cfg, {"model.block_order": "st"})
+        assert ts["model"]["block_order"] == "ts"
+        assert config_hash(ts) == config_hash(cfg) != config_hash(st)
+    cfg = override(load_config("quick"), {"model.d_model": 8, "model.depth": 1})
+    prepared = prepare(toy_data(60, 3), cfg)
+    assert build_model(cfg, "none", prepared).block_order == "ts"
+    assert build_model(override(cfg, {"model.block_order": "st"}), "none", prepared).block_order == "st"

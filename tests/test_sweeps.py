@@ -68,6 +68,10 @@ def test_penalty_sweep_changes_only_the_penalty(tmp_path):
         ("penalty", [-0.1, -0.1], None, "repeat"),
         ("penalty", None, ("dropout",), "drop --variants"),
         ("length", [12], ("nope",), "unknown variant 'nope'"),
+        ("order", ["sideways"], None, "'sideways' is not a block order; allowed: ts, st"),
+        ("order", [1.0], None, "not a block order"),
+        ("order", ["st", "st"], None, "repeat"),
+        ("order", ["ts"], ("nope",), "unknown variant 'nope'"),
     ],
 )
 def test_bad_sweep_input_is_a_config_error(name, values, variants, match):
@@ -85,6 +89,66 @@ def test_bad_seeds_and_cli_errors(tmp_path, capsys):
         main(["sweep", "heads"])
     assert "invalid choice: 'heads'" in capsys.readouterr().err
     assert not (tmp_path / "sweeps").exists()
+
+
+def test_order_sweep_trains_both_block_orders(tmp_path):
+    from diagsink.config import config_hash
+
+    data = toy_data(80, 3)
+    logs: list[str] = []
+    res = run_sweep("order", tiny(), variants=("none", "mask"), out_dir=tmp_path, data=data, log=logs.append)
+    names = sorted(p.name for p in res["done"])
+    assert names == [f"{v}_order{o}_seed0.json" for v in ("mask", "none") for o in ("st", "ts")] and not res["skipped"]
+    arts = {(a["variant"], a["sweep"]["value"]): a for a in load_sweep(tmp_path, "quick", "order")}
+    for (variant, order), a in arts.items():
+        assert a["sweep"]["name"] == "order" and a["sweep"]["key"] == "model.block_order"
+        assert a["provenance"]["config"]["model"]["block_order"] == order
+        assert a["provenance"]["config"]["model"]["t_in"] == 12 and len(a["attention"]["mean"]) == 12
+    # "ts" is the default: its point has the hash of the protocol without the key (an old run counts)
+    assert arts[("none", "ts")]["provenance"]["config_hash"] == config_hash(tiny())
+    assert arts[("none", "st")]["provenance"]["config_hash"] != config_hash(tiny())
+    # same seed, same initial weights, another function: the two orders train to different models
+    assert arts[("none", "ts")]["metrics"]["MAE@mean"] != arts[("none", "st")]["metrics"]["MAE@mean"]
+    for order in ("ts", "st"):  # the full mask empties the diagonal in both orders
+        mean = arts[("mask", order)]["attention"]["mean"]
+        assert all(mean[i][i] == 0 for i in range(12))
+    logs.clear()
+    again = run_sweep("order", tiny(), values=["st"], variants=("none",), out_dir=tmp_path, data=data, log=logs.append)
+    assert again["done"] == [tmp_path / "sweeps" / "quick" / "order" / "none_orderst_seed0.json"]
+    assert logs == ["skip none_orderst_seed0.json (finished)"]
+
+
+def test_order_sweep_cli(tmp_path, capsys):
+    assert main(["sweep", "order", "--values", "ts,diagonal", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "'diagonal' is not a block order; allowed: ts, st" in err
+    assert main(["sweep", "order", "--values", "st", "--variants", "penalty,nope", "--out", str(tmp_path)]) == 2
+    assert "unknown variant 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_committed_artifacts_are_current_after_adding_block_order():
+    """Adding the optional key model.block_order left every committed artifact current: its
+    recorded hash is the one `reproduce` / `sweep` compute now for the same run, so nothing is
+    redone and nothing is reported stale."""
+    from diagsink.config import config_hash
+    from diagsink.sweeps import SWEEPS
+
+    quick = load_config("quick")
+    arts = load_results(ROOT / "book" / "results" / "quick")
+    assert arts and all(a["provenance"]["config_hash"] == config_hash(quick) for a in arts)
+    n = 0
+    for name, (key, _) in SWEEPS.items():
+        for a in load_sweep(ROOT / "book" / "results", "quick", name):
+            cfg = a["provenance"]["config"]
+            epochs = cfg["train"]["epochs"]  # run_sweep's --epochs override, then the swept key
+            now = override(quick, {"train.epochs": epochs, "train.warmup_epochs": min(quick["train"]["warmup_epochs"], epochs - 1)})
+            now = override(now, {key: a["sweep"]["value"]})
+            assert a["provenance"]["config_hash"] == config_hash(now), a["sweep"]
+            if name != "order":
+                assert "block_order" not in cfg["model"]  # made before the key existed, or with the default left out
+            n += 1
+    assert n > 0
 
 
 # -- heatmap statistics on the committed artifacts -------------------------------------------------------
@@ -111,7 +175,7 @@ def test_heatmap_statistics_on_committed_artifacts():
 
 def test_committed_sweep_artifacts_are_valid():
     folder = ROOT / "book" / "results"
-    for name in ("length", "penalty", "dropout"):
+    for name in ("length", "penalty", "dropout", "order"):
         arts = load_sweep(folder, "quick", name)
         for a in arts:
             t = a["provenance"]["config"]["model"]["t_in"]
@@ -119,6 +183,8 @@ def test_committed_sweep_artifacts_are_valid():
         t_base = load_config("quick")["model"]["t_in"]
         for row in sweep_rows(arts):
             assert row["uniform"] == pytest.approx(1 / (row["value"] if name == "length" else t_base))
+            if name == "order":
+                assert row["value"] in ("ts", "st")
             assert 0 <= row["diag_mass"] <= 1 and row["MAE@mean"] > 0
 
 
