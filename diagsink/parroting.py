@@ -17,8 +17,12 @@ correlated (about 0.5 for the defaults), so copying (a shrunk) ``x_t`` through t
 connection lowers the error without any attention at all -- a *stochastic parrot*.
 
 The model is one :class:`~diagsink.attention.TemporalAttention` layer (one head,
-sinusoidal positional encoding) between a linear input map ``1 → C`` and a linear
-output map ``C → 1``; where to look must be learnt from the positional encoding.
+sinusoidal positional encoding) between an input map ``1 → C`` and a linear output map
+``C → 1``; where to look must be learnt from the positional encoding. The input map is
+linear by default; ``embedding="fourier"`` uses fixed random Fourier features of the
+value instead (:class:`FourierFeatures`), so that two steps with nearly equal values
+get nearly equal vectors and "attend to the steps that look like me" can single out
+the step itself -- the design the chapter uses to look for an attention-weight sink.
 
 Explained in the chapter "A task where parroting fails" (``book/parroting.ipynb``).
 Shapes: inputs ``[batch, T, 1]``, forecasts and targets ``[batch, T]``, attention
@@ -44,6 +48,9 @@ __all__ = [
     "Batch",
     "make_batch",
     "VARIANTS",
+    "EMBEDDINGS",
+    "FourierFeatures",
+    "SELF_MATCH",
     "ParrotNet",
     "TrainResult",
     "train",
@@ -131,20 +138,73 @@ VARIANTS: dict[str, dict] = {
 }
 
 
+#: The input maps :class:`ParrotNet` knows: ``"linear"`` (``Linear(1 → C)``) and
+#: ``"fourier"`` (:class:`FourierFeatures`, then ``Linear(C → C)``).
+EMBEDDINGS = ("linear", "fourier")
+
+
+class FourierFeatures(nn.Module):
+    """Fixed random Fourier features of a scalar: ``[..., T, 1] -> [..., T, C]``.
+
+    ``φ(x) = [cos(ω_1 x + b_1), ..., cos(ω_F x + b_F), sin(ω_1 x + b_1), ..., sin(ω_F x + b_F)]``
+    with ``F = C / 2`` frequencies ``ω_f ~ N(0, scale²)`` and phases ``b_f ~ U(0, 2π)``,
+    drawn once from ``seed`` and never trained. The dot product
+    ``φ(x)·φ(x') = Σ_f cos(ω_f (x − x'))`` depends only on ``x − x'`` and is largest at
+    ``x' = x`` (for many frequencies it approaches a Gaussian bump of width about
+    ``1 / scale``): a query and a key built from these features can express "a step whose
+    value is close to mine", which a scalar ``x_t · x_m`` cannot (that product is largest for
+    the most extreme ``x_m``, not for ``x_m = x_t``).
+
+    Args:
+        d_model: ``C``, even.
+        scale: standard deviation of the frequencies.
+        seed: seed of the frequencies and phases (a private generator; the global random
+            state is not touched).
+
+    Explained in ``book/parroting.ipynb``.
+    """
+
+    def __init__(self, d_model: int, scale: float = 3.0, seed: int = 0) -> None:
+        super().__init__()
+        if not (isinstance(d_model, int) and d_model >= 2 and d_model % 2 == 0):
+            raise ConfigError(f"d_model={d_model!r} must be an even integer ≥ 2 (C/2 frequencies, a cos and a sin each).")
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ConfigError(f"scale={scale!r} must be a finite number > 0 (the spread of the frequencies).")
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("freq", scale * torch.randn(d_model // 2, generator=g))
+        self.register_buffer("phase", 2 * math.pi * torch.rand(d_model // 2, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[..., T, 1]`` -> ``[..., T, C]``."""
+        z = x * self.freq + self.phase  # [..., T, C/2]
+        return torch.cat([torch.cos(z), torch.sin(z)], dim=-1)
+
+
 class ParrotNet(nn.Module):
-    """Linear input map ``1 → C``, one :class:`~diagsink.attention.TemporalAttention` layer, linear output map ``C → 1``.
+    """Input map ``1 → C``, one :class:`~diagsink.attention.TemporalAttention` layer, linear output map ``C → 1``.
 
     Args:
         d_model: ``C``.
         n_heads: heads of the attention layer.
+        embedding: ``"linear"`` (``Linear(1 → C)``) or ``"fourier"``
+            (:class:`FourierFeatures` followed by ``Linear(C → C)``).
         **layer_kwargs: passed to :class:`~diagsink.attention.TemporalAttention` (``diag``, ``residual``, ...);
             the default positional encoding is ``"sinusoidal"`` (the only source of position).
+
+    Raises:
+        ConfigError: unknown ``embedding``.
     """
 
-    def __init__(self, d_model: int = 16, n_heads: int = 1, **layer_kwargs) -> None:
+    def __init__(self, d_model: int = 16, n_heads: int = 1, embedding: str = "linear", **layer_kwargs) -> None:
         super().__init__()
+        if embedding not in EMBEDDINGS:
+            raise ConfigError(f"embedding={embedding!r} is not known; choose one of {EMBEDDINGS}.")
         layer_kwargs.setdefault("pos_encoding", "sinusoidal")
-        self.inp = nn.Linear(1, d_model)
+        self.embedding = embedding
+        if embedding == "linear":
+            self.inp = nn.Linear(1, d_model)
+        else:
+            self.inp = nn.Sequential(FourierFeatures(d_model), nn.Linear(d_model, d_model))
         self.attn = TemporalAttention(d_model, n_heads, **layer_kwargs)
         self.out = nn.Linear(d_model, 1)
 
@@ -153,6 +213,15 @@ class ParrotNet(nn.Module):
         y, attn = self.attn(self.inp(x), return_attention=True)
         pred = self.out(y).squeeze(-1)
         return (pred, attn) if return_attention else pred
+
+
+#: The second design of the chapter, as keyword arguments of :func:`train`: Fourier
+#: features of the value (so that "a step that looks like me" can be expressed), no
+#: residual connection and no output projection (so that the present can reach the
+#: forecast through attention only), and a larger learning rate (sharp attention needs
+#: large logits). Combine it with any key of :data:`VARIANTS`; ``layer`` entries override
+#: the variant's (e.g. a stronger penalty).
+SELF_MATCH: dict = {"embedding": "fourier", "layer": {"residual": False, "out_proj": False}, "lr": 1e-2}
 
 
 @dataclass
@@ -177,6 +246,8 @@ def train(
     lr: float = 3e-3,
     d_model: int = 16,
     seed: int = 0,
+    embedding: str = "linear",
+    layer: dict | None = None,
 ) -> TrainResult:
     """Train a :class:`ParrotNet` on the task at sequence length ``T = length``.
 
@@ -188,18 +259,23 @@ def train(
     Args:
         length: ``T``.
         variant: a key of :data:`VARIANTS`.
+        embedding: the input map of :class:`ParrotNet` (``"linear"`` or ``"fourier"``).
+        layer: keyword arguments of :class:`~diagsink.attention.TemporalAttention` that
+            override (or add to) the variant's, e.g. ``{"residual": False, "out_proj": False}``
+            or ``{"diag_penalty": -1.0}``.
 
     Raises:
-        ConfigError: unknown variant, or ``length ≤ lag``.
+        ConfigError: unknown variant or embedding, or ``length ≤ lag``.
     """
     if variant not in VARIANTS:
         raise ConfigError(f"variant={variant!r} is not known; choose one of {list(VARIANTS)}.")
+    layer_kwargs = {**VARIANTS[variant], **(layer or {})}
     start = time.perf_counter()
     losses: list[float] = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         gen = torch.Generator().manual_seed(seed)
-        model = ParrotNet(d_model, **VARIANTS[variant])
+        model = ParrotNet(d_model, embedding=embedding, **layer_kwargs)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         model.train()
         for _ in range(steps):
@@ -301,10 +377,14 @@ def input_sensitivity(model: ParrotNet, x: torch.Tensor) -> torch.Tensor:
 def path_sensitivity(model: ParrotNet, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """``input_sensitivity`` split into the four Jacobian paths of the attention layer.
 
-    Uses :func:`diagsink.jacobian.decompose` on the layer input ``u = W_in x + b_in`` and
+    Uses :func:`diagsink.jacobian.decompose` on the layer input ``u = inp(x)`` and
     projects each ``[T, C, T, C]`` path with the input and output maps::
 
-        S^path[t, j] = w_outᵀ · J^path[t, :, j, :] · w_in
+        S^path[t, j] = w_outᵀ · J^path[t, :, j, :] · ∂u_j/∂x_j
+
+    ``∂u_j/∂x_j`` ``[C]`` is the input map's derivative at step ``j`` (the weight column
+    ``w_in`` for the linear map, the same at every step; it depends on ``x_j`` for Fourier
+    features). The input map acts on each step alone, so ``∂u_j/∂x_m = 0`` for ``m ≠ j``.
 
     Returns:
         ``{"residual", "value", "key", "query"}`` -> ``[T, T]``; they sum to
@@ -314,8 +394,8 @@ def path_sensitivity(model: ParrotNet, x: torch.Tensor) -> dict[str, torch.Tenso
 
     x = x.reshape(-1, 1).detach().to(next(model.parameters()).dtype)
     with torch.no_grad():
-        u = model.inp(x)  # [T, C]
+        # u = inp(x) [T, C] and its step-wise derivative du_j/dx_j [T, C] (forward mode)
+        u, du = torch.func.jvp(model.inp, (x,), (torch.ones_like(x),))
         paths = decompose(model.attn, u)
-        w_in = model.inp.weight[:, 0]  # [C]
         w_out = model.out.weight[0]  # [C]
-        return {name: torch.einsum("c,icjd,d->ij", w_out, block, w_in) for name, block in paths.items()}
+        return {name: torch.einsum("c,icjd,jd->ij", w_out, block, du) for name, block in paths.items()}

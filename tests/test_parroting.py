@@ -74,6 +74,45 @@ def test_path_sensitivity_sums_to_autograd():
     torch.testing.assert_close(sum(paths.values()), pr.input_sensitivity(res.model, x), atol=1e-5, rtol=1e-4)
 
 
+def test_fourier_features_match_each_value_best_with_itself():
+    feats = pr.FourierFeatures(16, scale=3.0, seed=0)
+    state = torch.random.get_rng_state()
+    again = pr.FourierFeatures(16, scale=3.0, seed=0)
+    assert torch.equal(state, torch.random.get_rng_state())  # private generator
+    torch.testing.assert_close(feats.freq, again.freq)
+    x = torch.randn(2, 30, 1, generator=torch.Generator().manual_seed(4))
+    phi = feats(x)
+    assert phi.shape == (2, 30, 16)
+    kernel = phi @ phi.transpose(-1, -2)  # [2, T, T]: sum_f cos(w_f (x_t - x_m))
+    torch.testing.assert_close(kernel.diagonal(dim1=-2, dim2=-1), torch.full((2, 30), 8.0))
+    assert bool((kernel <= 8.0 + 1e-5).all())  # no other step matches better than the step itself
+    # unlike a scalar product x_t * x_m, which peaks at the most extreme x_m
+    scalar = x @ x.transpose(-1, -2)
+    assert (scalar.argmax(-1) != torch.arange(30)).any()
+
+
+def test_self_match_design_builds_the_layer_it_promises():
+    with pytest.raises(ds.ConfigError, match="embedding"):
+        pr.ParrotNet(16, embedding="mlp")
+    with pytest.raises(ds.ConfigError, match="even"):
+        pr.FourierFeatures(15)
+    res = pr.train(12, "penalty", steps=2, **{**pr.SELF_MATCH, "layer": {**pr.SELF_MATCH["layer"], "diag_penalty": -1.0}})
+    layer = res.model.attn
+    assert not layer.residual and isinstance(layer.out_proj, torch.nn.Identity)
+    assert layer.diag == "penalty" and layer.diag_penalty == -1.0
+    assert isinstance(res.model.inp[0], pr.FourierFeatures)
+
+
+def test_path_sensitivity_sums_to_autograd_with_fourier_features():
+    pytest.importorskip("diagsink.jacobian")
+    res = pr.train(10, "mask", steps=20, **pr.SELF_MATCH)
+    x = pr.make_batch(1, 10, pr.ParrotTask(), torch.Generator().manual_seed(5)).inputs[0]
+    paths = pr.path_sensitivity(res.model, x)
+    torch.testing.assert_close(sum(paths.values()), pr.input_sensitivity(res.model, x), atol=1e-5, rtol=1e-4)
+    assert float(paths["residual"].abs().max()) == 0.0  # no residual connection
+    assert float(paths["value"].diagonal().abs().max()) == 0.0  # the mask: alpha_tt = 0
+
+
 # -- exercise checks -----------------------------------------------------------------------
 def test_exercise_references_pass():
     ds.exercises.check("ex-parroting-score", stats.parroting_score, strict=True)
