@@ -75,9 +75,9 @@ SCHEMA: dict[str, Any] = {
     "seeds": int,
 }
 
-#: Optional keys -> their default (same nesting as :data:`SCHEMA`): may be left out of a
-#: protocol; :func:`config_hash` drops them when they equal the default.
-#: ``model.block_order``: ``"ts"`` (temporal attention then graph conv, the paper's) or ``"st"``.
+#: Optional keys and their defaults (nested like :data:`SCHEMA`). A protocol may leave them out,
+#: and :func:`config_hash` drops them when they hold the default. ``model.block_order`` is
+#: ``"ts"`` (temporal attention then graph conv, the paper's) or ``"st"``.
 OPTIONAL: dict[str, Any] = {"model": {"block_order": "ts"}}
 
 

@@ -56,8 +56,8 @@ VARIANT_LABELS: dict[str, str] = {
 }
 
 
-#: Sublayer orders of a block: ``"ts"`` temporal attention then graph conv (the paper's T&S, the
-#: default); ``"st"`` graph conv then temporal attention.
+#: The sublayer orders of a block, ``"ts"`` = temporal attention then graph conv (the paper's
+#: T&S, the default) and ``"st"`` = graph conv then temporal attention.
 BLOCK_ORDERS: tuple[str, ...] = ("ts", "st")
 
 
