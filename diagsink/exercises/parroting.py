@@ -75,3 +75,31 @@ def check_self_share(fn):
     if not _close(fn(S), stats.self_share(S)):
         return "on a random map with negative entries the share is off: use absolute values |S_tj| in the numerator AND in the row total."
     return None
+
+
+def _phase_mass_reference(attn: torch.Tensor, period: int, k: int) -> float:
+    T = attn.shape[-1]
+    offset = (torch.arange(T)[None, :] - torch.arange(T)[:, None]) % period  # (m - t) mod P
+    return float((attn * (offset == k)).sum(-1).mean())
+
+
+@register("ex-parroting-phase-mass")
+def check_phase_mass(fn):
+    """``fn(attn [..., T, T], period, k) -> float``: mean attention on keys ``m`` with ``(m − t) mod P = k``."""
+    g = fresh_generator()
+    T = int(torch.randint(9, 17, (), generator=g))
+    P = int(torch.randint(3, 6, (), generator=g))
+    eye = torch.eye(T, dtype=torch.float64)
+    if not (_close(fn(eye, P, 0), 1.0) and _close(fn(eye, P, 1), 0.0)):
+        return "identity attention (every step on itself) must give 1 for k = 0 and 0 for every other k."
+    nxt = torch.roll(eye, 1, dims=-1)  # row t attends to key t + 1 (mod T)
+    ref = _phase_mass_reference(nxt, P, 1)
+    if not _close(fn(nxt, P, 1), ref):
+        if _close(fn(nxt, P, P - 1), ref):
+            return "the offset has the wrong sign: use key minus query, (m − t) mod P, so k = 1 means one step after t."
+        return "attention on the next step must count for k = 1: select the keys m with (m − t) mod P == k in row t."
+    attn = torch.softmax(2 * torch.randn(3, 2, T, T, generator=g, dtype=torch.float64), -1)
+    k = int(torch.randint(0, P, (), generator=g))
+    if not _close(fn(attn, P, k), _phase_mass_reference(attn, P, k)):
+        return "on random attention the value is off: sum α_tm over the selected keys in each row, then average over the rows and every leading axis."
+    return None
