@@ -24,6 +24,16 @@ value instead (:class:`FourierFeatures`), so that two steps with nearly equal va
 get nearly equal vectors and "attend to the steps that look like me" can single out
 the step itself -- the design the chapter uses to look for an attention-weight sink.
 
+A third design, :class:`SeasonalTask`, gives every step a *vector* of ``D`` values (like
+a snapshot of many sensors) that repeats one season back with correlation ``ρ``::
+
+    x_t = ρ x_{t−ℓ} + sqrt(1 − ρ²) ε_t,   ε_t ~ N(0, I_D),   y_t = x_{t−ℓ}
+
+Random vectors in many dimensions are nearly orthogonal, so the step that looks most like
+``x_t`` is ``x_t`` itself: here the parrot can live in the attention weights.
+:class:`VectorParrotNet` is the same one-layer model with ``D`` inputs and outputs;
+:func:`train` and :func:`evaluate` accept either task.
+
 Explained in the chapter "A task where parroting fails" (``book/parroting.ipynb``).
 Shapes: inputs ``[batch, T, 1]``, forecasts and targets ``[batch, T]``, attention
 ``[batch, H, T, T]``.
@@ -45,19 +55,23 @@ from .stats import attention_entropy, column_stripe_index, diagonal_mass, lag_ma
 
 __all__ = [
     "ParrotTask",
+    "SeasonalTask",
     "Batch",
     "make_batch",
+    "make_seasonal_batch",
     "VARIANTS",
     "EMBEDDINGS",
     "FourierFeatures",
     "SELF_MATCH",
     "ParrotNet",
+    "VectorParrotNet",
     "TrainResult",
     "train",
     "Evaluation",
     "evaluate",
     "input_sensitivity",
     "path_sensitivity",
+    "path_block_norms",
 ]
 
 
@@ -124,6 +138,64 @@ def make_batch(n: int, length: int, task: ParrotTask, generator: torch.Generator
     x = signal + task.noise * torch.randn(n, length, generator=generator)
     lag = task.lag
     return Batch(inputs=x[..., None], target=x[:, : length - lag], last=x[:, lag:], first=lag)
+
+
+@dataclass(frozen=True)
+class SeasonalTask:
+    """The third design's task: vector-valued steps that repeat one season back.
+
+    Attributes:
+        dim: ``D``, values per step.
+        season: ``ℓ``, the lag of the answer (and of the repetition).
+        rho: ``ρ``, correlation of each value with the value one season back; the
+            present ``x_t`` is correlated ``ρ`` with the answer ``x_{t−ℓ}``.
+    """
+
+    dim: int = 32
+    season: int = 7
+    rho: float = 0.8
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.dim, int) and self.dim >= 1):
+            raise ConfigError(f"dim={self.dim!r} must be an integer ≥ 1 (values per step).")
+        if not (isinstance(self.season, int) and self.season >= 1):
+            raise ConfigError(f"season={self.season!r} must be an integer ≥ 1 (the lag of the answer).")
+        if not (0.0 <= self.rho < 1.0):
+            raise ConfigError(f"rho={self.rho!r} must lie in [0, 1) (a correlation; 1 would copy without noise).")
+
+    @property
+    def lag(self) -> int:
+        """``ℓ``: how many steps back the answer lies."""
+        return self.season
+
+
+def make_seasonal_batch(n: int, length: int, task: SeasonalTask, generator: torch.Generator) -> Batch:
+    """Draw ``n`` sequences of :class:`SeasonalTask`: inputs ``[n, T, D]``, target and last ``[n, T − ℓ, D]``.
+
+    The recursion ``x_t = ρ x_{t−ℓ} + sqrt(1 − ρ²) ε_t`` starts from ``ℓ`` standard normal
+    vectors and runs ``3ℓ`` burn-in steps before the window, so every ``x_t`` is standard
+    normal and ``corr(x_t, x_{t−kℓ}) = ρ^k``.
+
+    Raises:
+        ConfigError: ``length ≤ ℓ``.
+    """
+    lag = task.lag
+    if length <= lag:
+        raise ConfigError(f"length T={length} must exceed the season ℓ = {lag} so that some step is scored.")
+    burn = 3 * lag
+    x = torch.randn(n, length + burn, task.dim, generator=generator)
+    e = torch.randn(n, length + burn, task.dim, generator=generator)
+    scale = math.sqrt(1.0 - task.rho**2)
+    for t in range(lag, length + burn):
+        x[:, t] = task.rho * x[:, t - lag] + scale * e[:, t]
+    x = x[:, burn:]
+    return Batch(inputs=x, target=x[:, : length - lag], last=x[:, lag:], first=lag)
+
+
+def _draw(n: int, length: int, task, generator: torch.Generator) -> Batch:
+    if isinstance(task, SeasonalTask):
+        return make_seasonal_batch(n, length, task, generator)
+    return make_batch(n, length, task, generator)
 
 
 #: The paper's five variants as keyword arguments of
@@ -215,6 +287,26 @@ class ParrotNet(nn.Module):
         return (pred, attn) if return_attention else pred
 
 
+class VectorParrotNet(nn.Module):
+    """Linear input map ``D → C``, one :class:`~diagsink.attention.TemporalAttention` layer, linear output map ``C → D``.
+
+    The model of the third design (:class:`SeasonalTask`); ``**layer_kwargs`` as in :class:`ParrotNet`.
+    """
+
+    def __init__(self, dim: int, d_model: int = 32, n_heads: int = 1, **layer_kwargs) -> None:
+        super().__init__()
+        layer_kwargs.setdefault("pos_encoding", "sinusoidal")
+        self.inp = nn.Linear(dim, d_model)
+        self.attn = TemporalAttention(d_model, n_heads, **layer_kwargs)
+        self.out = nn.Linear(d_model, dim)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        """``x`` ``[..., T, D]`` -> forecasts ``[..., T, D]`` (and attention ``[..., H, T, T]``)."""
+        y, attn = self.attn(self.inp(x), return_attention=True)
+        pred = self.out(y)
+        return (pred, attn) if return_attention else pred
+
+
 #: The second design of the chapter, as keyword arguments of :func:`train`: Fourier
 #: features of the value (so that "a step that looks like me" can be expressed), no
 #: residual connection and no output projection (so that the present can reach the
@@ -226,9 +318,9 @@ SELF_MATCH: dict = {"embedding": "fourier", "layer": {"residual": False, "out_pr
 
 @dataclass
 class TrainResult:
-    """What :func:`train` returns: the model (eval mode), the loss per step, the wall time."""
+    """What :func:`train` returns: the model (eval mode; :class:`ParrotNet` or :class:`VectorParrotNet`), the loss per step, the wall time."""
 
-    model: ParrotNet
+    model: nn.Module
     losses: list[float]
     seconds: float
     length: int
@@ -240,7 +332,7 @@ def train(
     length: int,
     variant: str = "none",
     *,
-    task: ParrotTask = ParrotTask(),
+    task: ParrotTask | SeasonalTask = ParrotTask(),
     steps: int = 400,
     batch: int = 64,
     lr: float = 3e-3,
@@ -259,6 +351,8 @@ def train(
     Args:
         length: ``T``.
         variant: a key of :data:`VARIANTS`.
+        task: a :class:`ParrotTask` (model :class:`ParrotNet`) or a :class:`SeasonalTask`
+            (model :class:`VectorParrotNet`; ``embedding`` must stay ``"linear"``).
         embedding: the input map of :class:`ParrotNet` (``"linear"`` or ``"fourier"``).
         layer: keyword arguments of :class:`~diagsink.attention.TemporalAttention` that
             override (or add to) the variant's, e.g. ``{"residual": False, "out_proj": False}``
@@ -275,11 +369,16 @@ def train(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         gen = torch.Generator().manual_seed(seed)
-        model = ParrotNet(d_model, embedding=embedding, **layer_kwargs)
+        if isinstance(task, SeasonalTask):
+            if embedding != "linear":
+                raise ConfigError(f"embedding={embedding!r}: the seasonal task's model has a linear input map only.")
+            model = VectorParrotNet(task.dim, d_model, **layer_kwargs)
+        else:
+            model = ParrotNet(d_model, embedding=embedding, **layer_kwargs)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         model.train()
         for _ in range(steps):
-            b = make_batch(batch, length, task, gen)
+            b = _draw(batch, length, task, gen)
             pred = model(b.inputs)[:, b.first :]
             loss = torch.mean((pred - b.target) ** 2)
             opt.zero_grad()
@@ -325,10 +424,10 @@ class Evaluation:
 
 @torch.no_grad()
 def evaluate(
-    model: ParrotNet,
+    model: nn.Module,
     length: int,
     *,
-    task: ParrotTask = ParrotTask(),
+    task: ParrotTask | SeasonalTask = ParrotTask(),
     n: int = 256,
     seed: int = 12345,
     variant: str = "",
@@ -339,7 +438,7 @@ def evaluate(
     penalty act as in training.
     """
     model.eval()
-    b = make_batch(n, length, task, torch.Generator().manual_seed(seed))
+    b = _draw(n, length, task, torch.Generator().manual_seed(seed))
     pred, attn = model(b.inputs, return_attention=True)  # [n, T], [n, H, T, T]
     pred = pred[:, b.first :]
     c = float((b.last * b.target).sum() / (b.last * b.last).sum())
@@ -399,3 +498,26 @@ def path_sensitivity(model: ParrotNet, x: torch.Tensor) -> dict[str, torch.Tenso
         paths = decompose(model.attn, u)
         w_out = model.out.weight[0]  # [C]
         return {name: torch.einsum("c,icjd,jd->ij", w_out, block, du) for name, block in paths.items()}
+
+
+def path_block_norms(model: VectorParrotNet, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The four Jacobian paths of :class:`VectorParrotNet` for one sequence ``x`` ``[T, D]``, as block norms.
+
+    Each path's block of the end-to-end Jacobian, ``∂ŷ_t/∂x_j = W_out · J^path[t, :, j, :] · W_in``
+    (``D × D``), is summarised by its Frobenius norm divided by ``sqrt(D)`` (1 for the
+    identity); ``"total"`` is the norm of the sum of the four blocks.
+
+    Returns:
+        ``{"residual", "value", "key", "query", "total"}`` -> ``[T, T]`` (rows = forecast
+        step, columns = input step).
+    """
+    from .jacobian import decompose
+
+    x = x.detach().to(next(model.parameters()).dtype)
+    with torch.no_grad():
+        paths = decompose(model.attn, model.inp(x))  # [T, C, T, C] each
+        w_out, w_in = model.out.weight, model.inp.weight  # [D, C], [C, D]
+        blocks = {name: torch.einsum("ac,icjd,db->iajb", w_out, J, w_in) for name, J in paths.items()}
+        blocks["total"] = sum(blocks.values())
+        scale = math.sqrt(x.shape[-1])
+        return {name: torch.linalg.matrix_norm(b.permute(0, 2, 1, 3)) / scale for name, b in blocks.items()}

@@ -167,3 +167,55 @@ def test_exercise_checks_leave_the_global_rng_alone():
     ds.exercises.check("ex-parroting-diagonal-ratio", lambda a: stats.diagonal_mass(a).ratio)
     ds.exercises.check("ex-parroting-self-share", stats.self_share)
     assert torch.equal(state, torch.random.get_rng_state())
+
+
+# -- the third design: vector-valued seasonal task ------------------------------------------
+def test_seasonal_batch_has_the_promised_correlations():
+    task = pr.SeasonalTask(dim=8, season=3, rho=0.6)
+    b = pr.make_seasonal_batch(400, 20, task, torch.Generator().manual_seed(0))
+    assert b.inputs.shape == (400, 20, 8) and b.target.shape == (400, 17, 8) and b.first == 3
+    x = b.inputs
+    torch.testing.assert_close(b.target, x[:, :17])
+    torch.testing.assert_close(b.last, x[:, 3:])
+    c_season = torch.corrcoef(torch.stack([x[:, 3:].flatten(), x[:, :-3].flatten()]))[0, 1]
+    c_one = torch.corrcoef(torch.stack([x[:, 1:].flatten(), x[:, :-1].flatten()]))[0, 1]
+    assert abs(float(c_season) - 0.6) < 0.03 and abs(float(c_one)) < 0.03
+    assert abs(float(x.std()) - 1.0) < 0.03  # stationary, unit variance
+    with pytest.raises(ds.ConfigError, match="season"):
+        pr.make_seasonal_batch(2, 3, task, torch.Generator())
+    with pytest.raises(ds.ConfigError, match="rho"):
+        pr.SeasonalTask(rho=1.0)
+
+
+def test_train_and_evaluate_accept_the_seasonal_task():
+    task = pr.SeasonalTask(dim=6, season=3)
+    res = pr.train(10, "mask", task=task, steps=3, batch=4, d_model=8)
+    assert isinstance(res.model, pr.VectorParrotNet) and res.model.attn.diag == "mask"
+    ev = pr.evaluate(res.model, 10, task=task, n=16)
+    assert ev.attention.shape == (10, 10) and ev.diag_mass == 0.0
+    assert ev.mse_parrot < ev.mse_zero  # the shrunk copy of the present beats predicting 0
+    with pytest.raises(ds.ConfigError, match="embedding"):
+        pr.train(10, task=task, steps=1, embedding="fourier")
+
+
+def test_path_block_norms_total_matches_autograd():
+    pytest.importorskip("diagsink.jacobian")
+    task = pr.SeasonalTask(dim=5, season=2)
+    res = pr.train(8, "penalty", task=task, steps=5, batch=4, d_model=8)
+    x = pr.make_seasonal_batch(1, 8, task, torch.Generator().manual_seed(1)).inputs[0]
+    norms = pr.path_block_norms(res.model, x)
+    J = torch.func.jacrev(lambda inp: res.model(inp))(x)  # [T, D, T, D]
+    by_autograd = torch.linalg.matrix_norm(J.permute(0, 2, 1, 3)) / 5**0.5
+    torch.testing.assert_close(norms["total"], by_autograd, atol=1e-5, rtol=1e-4)
+    assert float(norms["query"].fill_diagonal_(0).abs().max()) == 0.0  # the query path lives on the diagonal only
+
+
+@pytest.mark.slow
+def test_seasonal_task_attention_collapses_onto_the_diagonal_as_T_grows():
+    task = pr.SeasonalTask()
+    kw = dict(task=task, steps=300, batch=32, d_model=32)
+    diag = {}
+    for T in (16, 64):
+        ev = pr.evaluate(pr.train(T, **kw).model, T, task=task, n=64)
+        diag[T] = float(ev.attention.diagonal()[task.lag :].mean())  # scored rows only
+    assert diag[64] > 10 * max(diag[16], 1e-3) and diag[64] > 4 / 64
