@@ -112,6 +112,9 @@ class Batch(NamedTuple):
     * ``target`` ``[n, T − lag]``: the targets ``y_t = x_{t−lag}`` for the scored steps ``t ≥ lag``;
     * ``last`` ``[n, T − lag]``: the last observed value ``x_t`` at the scored steps (what a parrot copies);
     * ``first``: ``lag``, the first scored step.
+
+    For :class:`SeasonalTask` every step carries ``D`` values: ``inputs`` ``[n, T, D]``,
+    ``target`` and ``last`` ``[n, T − lag, D]``.
     """
 
     inputs: torch.Tensor
