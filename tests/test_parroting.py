@@ -118,9 +118,9 @@ def test_exercise_references_pass():
     ds.exercises.check("ex-parroting-score", stats.parroting_score, strict=True)
     ds.exercises.check("ex-parroting-diagonal-ratio", lambda a: stats.diagonal_mass(a).ratio, strict=True)
     ds.exercises.check("ex-parroting-self-share", stats.self_share, strict=True)
-    from diagsink.exercises.parroting import _phase_mass_reference
+    from diagsink.exercises.parroting import _scored_diagonal_reference
 
-    ds.exercises.check("ex-parroting-phase-mass", _phase_mass_reference, strict=True)
+    ds.exercises.check("ex-parroting-scored-diagonal", _scored_diagonal_reference, strict=True)
 
 
 def test_exercise_typical_mistakes_get_hints():
@@ -145,20 +145,11 @@ def test_exercise_typical_mistakes_get_hints():
     r = ds.exercises.check("ex-parroting-self-share", no_abs)
     assert not r.passed and "absolute" in r.message
 
-    def wrong_sign(attn, period, k):
-        T = attn.shape[-1]
-        offset = (torch.arange(T)[:, None] - torch.arange(T)[None, :]) % period  # (t - m): the wrong way round
-        return float((attn * (offset == k)).sum(-1).mean())
+    def all_rows(attn, lag):
+        return float(attn.diagonal(dim1=-2, dim2=-1).mean())
 
-    def first_sequence_only(attn, period, k):
-        T = attn.shape[-1]
-        offset = (torch.arange(T)[None, :] - torch.arange(T)[:, None]) % period
-        return float((attn.reshape(-1, T, T)[0] * (offset == k)).sum(-1).mean())
-
-    r = ds.exercises.check("ex-parroting-phase-mass", wrong_sign)
-    assert not r.passed and "sign" in r.message
-    r = ds.exercises.check("ex-parroting-phase-mass", first_sequence_only)
-    assert not r.passed and "leading axis" in r.message
+    r = ds.exercises.check("ex-parroting-scored-diagonal", all_rows)
+    assert not r.passed and "rows t ≥ lag" in r.message
 
 
 def test_exercise_checks_leave_the_global_rng_alone():

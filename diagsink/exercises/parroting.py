@@ -77,29 +77,29 @@ def check_self_share(fn):
     return None
 
 
-def _phase_mass_reference(attn: torch.Tensor, period: int, k: int) -> float:
-    T = attn.shape[-1]
-    offset = (torch.arange(T)[None, :] - torch.arange(T)[:, None]) % period  # (m - t) mod P
-    return float((attn * (offset == k)).sum(-1).mean())
+def _scored_diagonal_reference(attn: torch.Tensor, lag: int) -> float:
+    return float(attn.diagonal(dim1=-2, dim2=-1)[..., lag:].mean())
 
 
-@register("ex-parroting-phase-mass")
-def check_phase_mass(fn):
-    """``fn(attn [..., T, T], period, k) -> float``: mean attention on keys ``m`` with ``(m − t) mod P = k``."""
+@register("ex-parroting-scored-diagonal")
+def check_scored_diagonal(fn):
+    """``fn(attn [..., T, T], lag) -> float``: mean ``α_tt`` over the scored rows ``t ≥ lag`` and every leading axis."""
     g = fresh_generator()
-    T = int(torch.randint(9, 17, (), generator=g))
-    P = int(torch.randint(3, 6, (), generator=g))
-    eye = torch.eye(T, dtype=torch.float64)
-    if not (_close(fn(eye, P, 0), 1.0) and _close(fn(eye, P, 1), 0.0)):
-        return "identity attention (every step on itself) must give 1 for k = 0 and 0 for every other k."
-    nxt = torch.roll(eye, 1, dims=-1)  # row t attends to key t + 1 (mod T)
-    ref = _phase_mass_reference(nxt, P, 1)
-    if not _close(fn(nxt, P, 1), ref):
-        if _close(fn(nxt, P, P - 1), ref):
-            return "the offset has the wrong sign: use key minus query, (m − t) mod P, so k = 1 means one step after t."
-        return "attention on the next step must count for k = 1: select the keys m with (m − t) mod P == k in row t."
-    attn = torch.softmax(2 * torch.randn(3, 2, T, T, generator=g, dtype=torch.float64), -1)
-    k = int(torch.randint(0, P, (), generator=g))
-    if not _close(fn(attn, P, k), _phase_mass_reference(attn, P, k)):
-        return "on random attention the value is off: sum α_tm over the selected keys in each row, then average over the rows and every leading axis."
+    T = int(torch.randint(8, 15, (), generator=g))
+    lag = int(torch.randint(2, 6, (), generator=g))
+    # rows t < lag look at themselves, scored rows look exactly lag steps back
+    attn = torch.zeros(T, T, dtype=torch.float64)
+    rows = torch.arange(T)
+    attn[rows[:lag], rows[:lag]] = 1.0
+    attn[rows[lag:], rows[lag:] - lag] = 1.0
+    got = fn(attn, lag)
+    if _close(got, lag / T):
+        return "you averaged over all T rows: the first `lag` rows are not scored (they have no answer in the window); average over rows t ≥ lag only."
+    if not _close(got, 0.0):
+        return "a map whose scored rows look exactly lag steps back has no weight on the scored diagonal: the answer must be 0."
+    if not _close(fn(torch.eye(T, dtype=torch.float64), lag), 1.0):
+        return "identity attention must give 1."
+    rand = torch.softmax(2 * torch.randn(3, 2, T, T, generator=g, dtype=torch.float64), -1)
+    if not _close(fn(rand, lag), _scored_diagonal_reference(rand, lag)):
+        return "on random attention the value is off: take α_tt for t = lag, ..., T − 1 and average over those rows and every leading axis."
     return None
