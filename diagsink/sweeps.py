@@ -142,8 +142,9 @@ def sweep_points(name: str, values: list[Any] | None = None, variants: tuple[str
 
     Raises:
         ConfigError: unknown sweep, a bad value (not finite, a non-integer length, a
-            positive penalty, p outside (0, 1)), an unknown variant, or a variant the
-            sweep does not apply to (a penalty sweep of the dropout variant).
+            positive penalty, p outside (0, 1), a block order other than ``ts``/``st``),
+            an unknown variant, or a variant the sweep does not apply to (a penalty sweep
+            of the dropout variant).
     """
     from .model import VARIANTS
 
