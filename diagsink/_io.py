@@ -7,6 +7,7 @@ run killed half-way never leaves a half-written file under the final name.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import tempfile
@@ -60,6 +61,24 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             pass
         raise
     return path
+
+
+def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
+    """Delete the temporary files that :func:`atomic_write_bytes` left next to ``path``.
+
+    A process killed in the middle of a write (``kill -9``, a power cut) leaves its
+    ``.<name>.<random>.tmp`` file behind; the target itself is intact (old or new, never half
+    written). Call this once the file at ``path`` is final. Returns the deleted paths.
+    """
+    path = Path(path)
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(tmp)
+    return removed
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ._io import remove_stale_temporaries
 from .errors import ConfigError, DataError
 
 __all__ = [
@@ -242,6 +243,7 @@ def run_sweep(
                     art = load_artifact(path)
                     if art["provenance"]["config_hash"] == config_hash(pcfg):
                         log(f"skip {path.name} (finished)")
+                        remove_stale_temporaries(path)
                         done.append(path)
                         continue
                     log(f"redo {path.name}: made with another configuration")
@@ -267,6 +269,7 @@ def run_sweep(
             art["state_dict"] = {**art["state_dict"], "file": None, "note": "not written for sweep points"}
             art["sweep"] = {"name": name, "key": point.key, "value": point.value, "windows": counts}
             write_artifact(path, compact(art))
+            remove_stale_temporaries(path)  # left by an earlier process killed mid-write
             log(f"wrote {path.name}: MAE@mean {art['metrics']['MAE@mean']:.3f} ({time.perf_counter() - t0:.1f} s)")
             done.append(path)
     return {"done": done, "skipped": skipped}

@@ -46,7 +46,7 @@ import torch
 from tqdm import tqdm
 
 from . import __version__
-from ._io import atomic_write_bytes
+from ._io import atomic_write_bytes, remove_stale_temporaries
 from .config import config_hash, load_config
 from .settings import check_device
 from .errors import ConfigError, DiagsinkError
@@ -373,6 +373,21 @@ def release_freed_memory_to_os() -> bool:
         return False
 
 
+def tidy_finished_run(paths: dict[str, Path]) -> None:
+    """Once a run's artifact is final: delete its checkpoint, the temporary files that a process
+    killed mid-write left next to its files, and the ``.checkpoints`` folder if that leaves it empty.
+
+    Called when a run finishes and when :func:`reproduce` skips a finished run (a process killed
+    between writing the artifact and deleting the checkpoint leaves the checkpoint behind).
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(paths["checkpoint"])
+    for key in ("json", "state", "checkpoint"):
+        remove_stale_temporaries(paths[key])
+    with contextlib.suppress(OSError):
+        paths["checkpoint"].parent.rmdir()
+
+
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -601,10 +616,7 @@ def train_run(
 
             artifact["state_dict"]["sha256"] = sha256_file(paths["state"])
         write_artifact(paths["json"], artifact)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(paths["checkpoint"])
-        with contextlib.suppress(OSError):
-            paths["checkpoint"].parent.rmdir()
+        tidy_finished_run(paths)
     artifact["_model"] = model
     return artifact
 
@@ -654,6 +666,7 @@ def reproduce(
                     if art["provenance"]["config_hash"] == config_hash(cfg):
                         if progress:
                             print(f"skip {paths['json']} (finished)")
+                        tidy_finished_run(paths)
                         done.append(paths["json"])
                         continue
                     kept = _supersede(paths, art["provenance"]["config_hash"])

@@ -158,6 +158,28 @@ def test_reproduce_skips_finished_runs(tmp_path):
     assert again == paths and [p.stat().st_mtime_ns for p in paths] == stamps
 
 
+def test_a_finished_run_removes_temporaries_left_by_a_killed_writer(tmp_path):
+    """kill -9 during an atomic write leaves ``.<name>.<random>.tmp``; the run that finishes the job removes it."""
+    cfg = tiny(**{"train.epochs": 2})
+    paths = run_paths(tmp_path, cfg["protocol"], "none", 0)
+    stale = [paths["checkpoint"].parent / f".{paths['checkpoint'].name}.k9x2.tmp",
+             paths["json"].parent / f".{paths['json'].name}.a1b2.tmp"]
+    other = paths["json"].parent / ".mask_seed0.json.c3d4.tmp"  # another run's: not ours to delete
+    for p in [*stale, other]:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"half a checkpoint")
+    reproduce(cfg, 1, variants=("none",), device="cpu", out_dir=tmp_path, data=toy_data(), progress=False)
+    assert paths["json"].exists()
+    assert not any(p.exists() for p in stale)
+    assert not paths["checkpoint"].parent.exists()  # the empty .checkpoints folder is gone as well
+    assert other.exists()
+    # killed after writing the artifact but before deleting the checkpoint: the skip tidies up
+    paths["checkpoint"].parent.mkdir()
+    paths["checkpoint"].write_bytes(b"the last epoch")
+    reproduce(cfg, 1, variants=("none",), device="cpu", out_dir=tmp_path, data=toy_data(), progress=False)
+    assert not paths["checkpoint"].parent.exists()
+
+
 def test_reproduce_with_another_config_keeps_the_old_result(tmp_path):
     data = toy_data()
     first = reproduce(tiny(**{"train.epochs": 2}), 1, variants=("none",), device="cpu", out_dir=tmp_path,
