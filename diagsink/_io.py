@@ -30,6 +30,13 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's file-mode creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
 
@@ -52,6 +59,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         os.replace(tmp, path)
         _fsync_folder(folder)
     except BaseException:

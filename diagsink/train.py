@@ -292,18 +292,23 @@ def git_commit() -> str:
 
     Read once per process (at the start of its first run) and cached: the code that runs is
     the code imported then, even if the repository moves on while a long ``reproduce`` runs.
+    A copy of the tree without ``.git`` (e.g. on a remote GPU machine) has no commit to read;
+    there the value of ``DIAGSINK_GIT_COMMIT``, recorded by whoever copied the tree, is used and
+    marked as such (``"<sha> (DIAGSINK_GIT_COMMIT, no .git)"``).
     """
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        if sha.returncode:
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=10
-        )
-        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        if sha.returncode == 0:
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True,
+                timeout=10,
+            )
+            return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        pass
+    given = os.environ.get("DIAGSINK_GIT_COMMIT", "").strip()
+    return f"{given} (DIAGSINK_GIT_COMMIT, no .git)" if given else "unknown"
 
 
 def device_name(device: torch.device) -> str:

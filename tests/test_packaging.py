@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -90,6 +91,19 @@ def test_cli_error_is_one_line_without_traceback(monkeypatch):
     out = subprocess.run([sys.executable, "-m", "diagsink", "info"], capture_output=True, text=True, env=env)
     assert out.returncode == 2
     assert out.stderr.startswith("error: DIAGSINK_QUICK") and "Traceback" not in out.stderr
+
+
+def test_atomic_write_gives_the_mode_a_plain_open_would(tmp_path):
+    """mkstemp's private 0600 must not leak into results that others (a web server, a course) read."""
+    from diagsink._io import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        assert (atomic_write_text(tmp_path / "a.json", "{}").stat().st_mode & 0o777) == 0o644
+        os.umask(0o077)
+        assert (atomic_write_text(tmp_path / "b.json", "{}").stat().st_mode & 0o777) == 0o600
+    finally:
+        os.umask(old)
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path):

@@ -214,3 +214,24 @@ def test_time_limit_stops_before_an_epoch_that_would_overrun():
     cfg = tiny(**{"train.epochs": 4, "train.time_limit_s": 1e-6})
     art = train_run(cfg, "none", 0, data=toy_data(), device="cpu", write=False, progress=False)
     assert art["stopped"] == "time_limit" and art["epochs_run"] == 1
+
+
+def test_git_commit_outside_a_checkout_uses_the_recorded_commit(monkeypatch):
+    """A copy of the tree without .git (a remote GPU machine) records the commit its copier passed, marked as such."""
+    import diagsink.train as tr
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(tr.subprocess, "run", no_git)
+    tr.git_commit.cache_clear()
+    try:
+        monkeypatch.delenv("DIAGSINK_GIT_COMMIT", raising=False)
+        assert tr.git_commit() == "unknown"
+        tr.git_commit.cache_clear()
+        monkeypatch.setenv("DIAGSINK_GIT_COMMIT", "0123abc")
+        assert tr.git_commit() == "0123abc (DIAGSINK_GIT_COMMIT, no .git)"
+    finally:
+        tr.git_commit.cache_clear()
+    monkeypatch.undo()
+    assert tr.git_commit() != "unknown"  # in this checkout git answers again

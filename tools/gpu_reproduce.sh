@@ -9,15 +9,23 @@
 # finished runs, so if the time cap below stops it, rerunning the script finishes the rest.
 # Each run stops training after the per-run budget in diagsink/configs/book.yaml
 # (train.time_limit_s; recorded in each artifact as "stopped"), so 20 runs fit in ~10 min.
+#
+# Environment (defaults in brackets): PYTHON [python], PROTOCOL [book], SEEDS [4],
+# DEVICE [cuda], CAP [570] seconds for the whole reproduce (a dry run on a CPU:
+# PROTOCOL=quick SEEDS=1 DEVICE=cpu).
 set -euo pipefail
 OUT="${1:-book/results}"
 PY="${PYTHON:-python}"
-LOG="$OUT/book/gpu_reproduce.log"
+PROTOCOL="${PROTOCOL:-book}"
+SEEDS="${SEEDS:-4}"
+DEVICE="${DEVICE:-cuda}"
+CAP="${CAP:-570}"
+LOG="$OUT/$PROTOCOL/gpu_reproduce.log"
 if [ -z "${DIAGSINK_DATA:-}" ]; then
   echo "error: set DIAGSINK_DATA to the METR-LA folder (metr-la.h5 + graph files); the GPU machine cannot download it." >&2
   exit 2
 fi
-mkdir -p "$OUT/book"
+mkdir -p "$OUT/$PROTOCOL"
 {
   echo "== provenance =="
   date -u +"%Y-%m-%dT%H:%M:%SZ"
@@ -27,8 +35,9 @@ mkdir -p "$OUT/book"
   "$PY" -m diagsink info || true
 } 2>&1 | tee "$LOG"
 start=$(date +%s)
-# 570 s hard cap leaves time for start-up and copying the results back within 10 minutes.
-timeout 570 "$PY" -m diagsink reproduce --protocol book --seeds 4 --device cuda --out "$OUT" --no-progress 2>&1 | tee -a "$LOG" || \
+# The default 570 s cap leaves time for start-up and copying the results back within 10 minutes.
+timeout "$CAP" "$PY" -m diagsink reproduce --protocol "$PROTOCOL" --seeds "$SEEDS" --device "$DEVICE" --out "$OUT" \
+  --no-progress 2>&1 | tee -a "$LOG" || \
   echo "reproduce stopped (status $?): rerun this script to finish the remaining runs" | tee -a "$LOG"
 echo "wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
-ls -l "$OUT/book" | tee -a "$LOG"
+ls -l "$OUT/$PROTOCOL" | tee -a "$LOG"

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Runs ON the device machine (one H200, Python 3.12 with PyTorch, no network), from the
+# repository root, in the one or two calls a session can afford (15 minutes of device time
+# in all, start-up included). Prepare first, here: `tools/device_prepare.sh`. Then:
+#
+#   run(command="bash tools/device_gpu.sh reproduce", carry=[".whl", ".devdata"], timeout_s=590)
+#       trains the `book` protocol (5 variants x 4 seeds; tools/gpu_reproduce.sh, capped at
+#       CAP=540 s) and returns $OUT/book-results.tar.gz (the artifacts and the log). Finished
+#       runs are kept in /tmp/diagsink-results while the machine stays warm, so a second
+#       `reproduce` call right after the first finishes the rest.
+#   run(command="bash tools/device_gpu.sh bench", carry=[".whl", ".devdata"], timeout_s=200)
+#       the attention and training benchmarks on the GPU: $OUT/bench-*.txt.
+#
+# Back here: `tar -xzf <files_at>/book-results.tar.gz -C book/results`, check them with
+# `pytest tests/test_artifacts.py`, and commit book/results/book/. A dry run on this machine's
+# CPU: `OUT=/tmp/out WHEELS=0 PYTHON=.venv/bin/python DEVICE=cpu PROTOCOL=quick SEEDS=1 \
+# bash tools/device_gpu.sh reproduce`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?OUT is set on the device machine: the folder whose files come back}"
+mode="${1:-reproduce}"
+PYTHON="${PYTHON:-python3}"
+RESULTS=/tmp/diagsink-results
+if [ "${WHEELS:-1}" = 1 ]; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "error: installing the carried wheels failed (run tools/device_prepare.sh and carry .whl)" >&2; exit 3; }
+  export PYTHONPATH="/tmp/site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+[ -f .devdata/COMMIT ] || { echo "error: .devdata is missing (run tools/device_prepare.sh and carry .devdata)" >&2; exit 3; }
+export PYTHONUNBUFFERED=1 DIAGSINK_QUICK=0 DIAGSINK_DATA="$PWD/.devdata/metr-la"
+DIAGSINK_GIT_COMMIT="$(cat .devdata/COMMIT)"
+export DIAGSINK_GIT_COMMIT
+DEVICE="${DEVICE:-cuda}"
+"$PYTHON" - <<PY || exit 3
+import torch, tables, diagsink
+print("torch", torch.__version__, "tables", tables.__version__, "diagsink", diagsink.__version__)
+if "$DEVICE" == "cuda":
+    assert torch.cuda.is_available(), "no CUDA device visible"
+    print(torch.cuda.get_device_name(0))
+PY
+case "$mode" in
+  reproduce)
+    mkdir -p "$RESULTS"
+    PYTHON="$PYTHON" DEVICE="$DEVICE" CAP="${CAP:-540}" bash tools/gpu_reproduce.sh "$RESULTS"
+    proto="${PROTOCOL:-book}"
+    tar -czf "$OUT/$proto-results.tar.gz" -C "$RESULTS" "$proto"
+    echo "packed: $(tar -tzf "$OUT/$proto-results.tar.gz" | grep -c '\.json$') artifacts in $OUT/$proto-results.tar.gz"
+    ;;
+  bench)
+    timeout 90 "$PYTHON" benchmarks/attention.py --full --device "$DEVICE" --rounds 5 > "$OUT/bench-attention-$DEVICE.txt" 2>&1
+    echo "attention benchmark: status $?"
+    timeout 90 "$PYTHON" benchmarks/training.py --device "$DEVICE" --no-memory --steps 5 > "$OUT/bench-training-$DEVICE.txt" 2>&1
+    echo "training benchmark: status $?"
+    tail -n 5 "$OUT"/bench-*.txt
+    ;;
+  *)
+    echo "error: mode '$mode' is not known; use reproduce or bench" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Prepare the GPU calls of a session that is lent a device machine (the `device` tool of this
+# workplace; see tools/device_gpu.sh for what runs there). Run HERE, from the repository root:
+#
+#     DIAGSINK_DATA=/path/to/metr-la tools/device_prepare.sh
+#
+# It fills two git-ignored folders that the device call carries:
+#   .whl/      wheels the GPU machine lacks: PyTables and its compiled dependencies for its
+#              Python 3.12 (it has torch, numpy, pandas, pyyaml, tqdm, matplotlib already);
+#   .devdata/  the METR-LA files (the full metr-la.h5 when DIAGSINK_DATA has it, else the
+#              1026-step slice) and COMMIT, the commit of this tree (the copy there has no .git).
+# Everything that travels must stay under 64 MiB; the script checks it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+DATA=${DIAGSINK_DATA:?set DIAGSINK_DATA to the METR-LA folder (speed file + graph files)}
+rm -rf .whl .devdata
+mkdir -p .whl .devdata/metr-la
+platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
+           --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+for pkg in tables==3.11.1 blosc2==3.12.2 numexpr==2.14.2 ndindex==1.10.1 platformdirs; do
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${platforms[@]}" -d .whl "$pkg" 2>&1 | grep -v "is ignored" || true
+done
+[ "$(ls .whl/*.whl | wc -l)" -eq 5 ] || { echo "error: expected 5 wheels in .whl, got: $(ls .whl)" >&2; exit 1; }
+speed="$DATA/metr-la.h5"
+[ -f "$speed" ] || speed="$DATA/metr-la_first1026steps.h5"
+[ -f "$speed" ] || { echo "error: no metr-la.h5 or metr-la_first1026steps.h5 in $DATA" >&2; exit 1; }
+cp "$speed" "$DATA/graph_sensor_ids.txt" "$DATA/graph_sensor_locations.csv" "$DATA/adj_mx.pkl" .devdata/metr-la/
+sha=$(git rev-parse HEAD)
+if [ -n "$(git status --porcelain --untracked-files=no)" ]; then sha="$sha+dirty"; fi
+echo "$sha" > .devdata/COMMIT
+tree_kib=$(git ls-files -z | du -c --files0-from=- -k | tail -1 | cut -f1)
+carried_kib=$(du -sk .whl .devdata | awk '{s += $1} END {print s}')
+total_mib=$(( (tree_kib + carried_kib) / 1024 ))
+echo "prepared: $(ls .whl | tr '\n' ' ')"
+echo "data: $(basename "$speed"); commit $(cat .devdata/COMMIT); about ${total_mib} MiB travel (limit 64)"
+if [ "$total_mib" -ge 60 ]; then
+  echo "error: about ${total_mib} MiB would travel; use the 1026-step slice or leave figures out" >&2
+  exit 1
+fi
+echo 'next (device tool): run(command="bash tools/device_gpu.sh reproduce", carry=[".whl", ".devdata"], timeout_s=590)'
