@@ -36,6 +36,7 @@ The layer is explained in ``book/attention.ipynb``.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -110,7 +111,8 @@ def _commit() -> str:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        given = os.environ.get("DIAGSINK_GIT_COMMIT", "").strip()  # a copy without .git (tools/device_gpu.sh)
+        return f"{given} (DIAGSINK_GIT_COMMIT, no .git)" if given else "unknown"
     return head + ("+dirty" if dirty else "")
 
 
