@@ -36,7 +36,6 @@ The layer is explained in ``book/attention.ipynb``.
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import sys
@@ -47,6 +46,7 @@ import torch
 from torch import nn
 
 import diagsink as ds
+from diagsink.train import git_commit  # the commit the artifacts record (DIAGSINK_GIT_COMMIT without .git)
 
 TARGET_MHA = 1.00  # fast path time / MHA time must not exceed this
 TARGET_REG = 1.10  # regularizer time / diag=None time must not exceed this
@@ -101,19 +101,6 @@ def step(module: nn.Module, options: dict, x: torch.Tensor, g: torch.Tensor) -> 
             y.backward(g)
 
     return run
-
-
-def _commit() -> str:
-    """The git commit of the working tree (with ``+dirty`` when it has changes), or ``unknown``."""
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        given = os.environ.get("DIAGSINK_GIT_COMMIT", "").strip()  # a copy without .git (tools/device_gpu.sh)
-        return f"{given} (DIAGSINK_GIT_COMMIT, no .git)" if given else "unknown"
-    return head + ("+dirty" if dirty else "")
 
 
 def sync(device: torch.device) -> None:
@@ -244,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = FULL_SHAPES if args.full else QUICK_SHAPES
     rounds = args.rounds or (5 if args.full else 7)
     print("# TemporalAttention vs nn.MultiheadAttention: forward + backward, float32, train mode")
-    print(f"UTC {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}, git commit {_commit()}, {platform.processor() or platform.machine()}")
+    print(f"UTC {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}, git commit {git_commit()}, {platform.processor() or platform.machine()}")
     print(
         f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, "
         f"python {platform.python_version()}, {'full' if args.full else 'quick'} sizes, {rounds} rounds, "
