@@ -37,6 +37,11 @@ def _umask() -> int:
     return mask
 
 
+def _temporary_affixes(path: Path) -> tuple[str, str]:
+    """Prefix and suffix of the temporaries written next to ``path``: ``.<name>.<random>.tmp``."""
+    return f".{path.name}.", ".tmp"
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
 
@@ -47,7 +52,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     folder = path.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        prefix, suffix = _temporary_affixes(path)
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
     except OSError as exc:
         raise type(exc)(
             exc.errno,
@@ -80,7 +86,8 @@ def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
     """
     path = Path(path)
     removed = []
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+    prefix, suffix = _temporary_affixes(path)
+    for tmp in path.parent.glob(f"{glob.escape(prefix)}*{glob.escape(suffix)}"):
         try:
             tmp.unlink()
         except FileNotFoundError:
