@@ -9,8 +9,7 @@ Usage::
 
 Shapes: METR-LA-like (batch x 207 nodes, T = 12, C = 64, 8 heads) and long sequences
 (T = 288 and 1024, a smaller batch). For each shape every variant runs a training step's
-forward and backward pass (``y.backward(g)``, train mode, no attention dropout, our layer
-without the residual so that it computes exactly what ``nn.MultiheadAttention`` computes).
+forward and backward pass (``y.backward(g)``, train mode, our layer without the residual so that it computes exactly what ``nn.MultiheadAttention`` computes).
 The variants are timed in interleaved rounds (so a load spike on a shared machine hits all
 of them alike); the table reports the best and the median round and the ratios of the best
 rounds, all measured in this one run. ``--clock wall`` (default) measures elapsed time;
@@ -21,8 +20,9 @@ only wall time is meaningful).
 Every shape runs twice by default: without attention dropout (``--attn-dropout 0``: on the
 CPU both sides then use the fused ``scaled_dot_product_attention`` kernel, whose masked code
 path is slower than its unmasked one) and with attention dropout 0.1, as the book's and the
-paper's models train (PyTorch then computes attention, ours and MHA's alike, with its unfused
-math path, where adding a bias is one cheap elementwise operation).
+paper's models train. PyTorch has no fused CPU kernel with dropout: MHA then runs PyTorch's
+unfused math path, and our layer its own explicit path (logits, softmax, dropout, weighted
+sum), which is faster, and where adding a bias is one cheap elementwise operation.
 
 Without attention dropout on the CPU, the layer packs short sequences (T <= 12) end to end
 (``diagsink.attention.pack_groups``): the fused kernel's fixed cost per sequence and head is
@@ -32,7 +32,7 @@ masked kernel's extra pass over the ``T x T`` scores; the ``cause:`` line measur
 
 Targets (flagged in the output):
 
-* the fast path (``diag=None``, fused ``scaled_dot_product_attention``) is no slower than
+* the fast path (``diag=None`` without ``return_attention``) is no slower than
   ``nn.MultiheadAttention`` (``need_weights=False``, its fastest setting) on the same shapes;
 * every regularizer is within 10 % of ``diag=None``.
 
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     for rate in rates:
         print(f"\n# attention dropout {rate:g}" + (
             "  (the CPU runs the fused kernel)" if rate == 0 else
-            "  (train mode: PyTorch computes attention with dropout by its unfused math path, for us and MHA alike)"))
+            "  (train mode: on the CPU, MHA runs PyTorch's unfused math path and our layer its explicit path)"))
         for label, lead, T in shapes:
             times = bench_shape(lead, T, args.d_model, args.heads, rounds, device, rate)
             missed += report(f"{label}, attention dropout {rate:g}", lead, T, args.d_model, args.heads, times)

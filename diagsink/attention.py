@@ -305,7 +305,9 @@ class TemporalAttention(nn.Module):
     Two paths compute the same function: without ``return_attention`` the heads are mixed
     by the fused ``torch.nn.functional.scaled_dot_product_attention`` (the regularizer
     enters as an additive float mask); with it, the logits, the softmax and the weighted
-    sum are computed explicitly so that the weights can be returned.
+    sum are computed explicitly so that the weights can be returned. The explicit path also
+    runs on the CPU when attention dropout is active (training mode, ``dropout > 0``):
+    PyTorch has no fused CPU kernel with dropout, and its unfused fallback measured slower.
     """
 
     def __init__(
@@ -400,11 +402,11 @@ class TemporalAttention(nn.Module):
         )
 
     def _logits(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        """``q k^T / sqrt(d_h) + b``: ``[..., T, C] -> [..., H, T, T]``."""
-        q = self.split_heads(self.q_proj(x))
+        """``q k^T / sqrt(d_h) + b``: ``[..., T, C] -> [..., H, T, T]`` (``b`` broadcasts to the result)."""
+        q = self.split_heads(self.q_proj(x)) / math.sqrt(self.d_head)  # scaling q: T·d numbers, not T·T
         k = self.split_heads(self.k_proj(x))
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(self.d_head)
-        return s if b is None else s + b
+        s = q @ k.transpose(-1, -2)  # [..., H, T, T]
+        return s if b is None else s.add_(b)  # in place: s is new, and its gradient does not need it
 
     def scores(self, x: torch.Tensor, dropped: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``s = q k^T / sqrt(d_h) + b``: ``[..., T, C] -> [..., H, T, T]``.
@@ -485,7 +487,9 @@ class TemporalAttention(nn.Module):
             x: ``[..., T, C]`` (at least 2-D).
             return_attention: also return the attention weights ``[..., H, T, T]``
                 (taken before attention dropout, so every row sums to 1). This uses the
-                explicit path; otherwise the fused ``scaled_dot_product_attention`` runs.
+                explicit path; otherwise the fused ``scaled_dot_product_attention`` runs,
+                except on the CPU with attention dropout in training mode, where PyTorch
+                has no fused kernel and the explicit path is the faster one.
             dropped: optional fixed boolean pattern of dropped diagonal entries for
                 ``diag="dropout"`` (``[T]`` or ``[..., H, T]``), replacing the random draw.
 
@@ -497,7 +501,10 @@ class TemporalAttention(nn.Module):
         h = self.norm(x) if self.norm_kind == "pre" else x
         p_drop = self.dropout if self.training else 0.0
         attn = None
-        if return_attention:
+        # With attention dropout PyTorch has no fused CPU kernel: it would fall back to an unfused
+        # computation that measured slower than the explicit one here (benchmarks/attention.py).
+        if return_attention or (p_drop > 0.0 and h.device.type == "cpu"):
+            h = h.contiguous()  # one copy of a strided input, shared by the three projections
             attn = torch.softmax(self._logits(h, self._bias(h, dropped, cache=True)), dim=-1)  # [..., H, T, T]
             v = self.split_heads(self.v_proj(h))  # [..., H, T, d_h]
             mixed = (F.dropout(attn, p_drop, training=True) if p_drop else attn) @ v
@@ -507,7 +514,7 @@ class TemporalAttention(nn.Module):
         y = x + out if self.residual else out
         if self.norm_kind == "post":
             y = self.norm(y)
-        return (y, attn) if return_attention else y
+        return (y, attn) if return_attention else y  # attn: [..., H, T, T]
 
     def extra_repr(self) -> str:
         parts = [f"d_model={self.d_model}", f"n_heads={self.n_heads}", f"diag={self.diag!r}"]

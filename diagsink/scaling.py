@@ -60,14 +60,14 @@ def activation_bytes(n_nodes: int, t: int, batch: int = 1, shape: Shape = PAPER_
     Per block and sample ``(9 + S K + a) N T C`` (projections, heads, residuals and norms,
     the ``S K`` diffusion terms, and the inputs of the learned graph's products: ``a = 1``
     dense, ``a = K`` sparse, ``a = 0`` without a learned graph; 16 for the paper's dense
-    ``S K = 6``; two more when ``B = 1``, where two reshapes copy instead of viewing) plus ``3 N H T^2``
-    (logits, weights, the weights after dropout: the O(T^2) part); with the learned
+    ``S K = 6``) plus ``3 N H T^2`` (the attention weights, the dropout mask and the weights
+    after dropout: the O(T^2) part); with the learned
     adjacency, per block and once per batch, ``(S K + 2) N^2`` for it and the stacked
     diffusion matrices (``2 N^2`` in the sparse path, which stacks nothing); the read-out
     ``N T (C + 1)`` per sample.
     """
     c, h, layers = shape.d_model, shape.n_heads, shape.depth
-    linear = linear_coefficient(shape, sparse=sparse) + 2 * (batch == 1)  # B = 1: two reshapes copy
+    linear = linear_coefficient(shape, sparse=sparse)
     per_sample = layers * (linear * n_nodes * t * c + 3 * n_nodes * h * t * t) + n_nodes * t * (c + 1)
     graph = 0
     if shape.adaptive:

@@ -208,6 +208,23 @@ def test_attention_dropout_only_in_training():
 
 
 @pytest.mark.parametrize("diag", ALL_DIAGS)
+def test_attention_dropout_on_the_cpu_runs_the_explicit_path(diag):
+    """No fused CPU kernel has dropout: the layer computes what return_attention computes, same draw."""
+    layer = _layer(diag=diag, dropout=0.3).train()
+    x = torch.randn(3, 4, 7, 8, dtype=torch.float64)
+    dropped = torch.rand(3, 4, 2, 7) < 0.3 if diag == "dropout" else None
+    torch.manual_seed(11)
+    fast = layer(x, dropped=dropped)
+    torch.manual_seed(11)
+    explicit, attn = layer(x, return_attention=True, dropped=dropped)
+    torch.testing.assert_close(fast, explicit, rtol=0, atol=0)
+    torch.manual_seed(12)
+    assert not torch.equal(layer(x, dropped=dropped), fast)  # the dropout really acts
+    if diag == "mask":
+        assert bool((_diagonal(attn) == 0).all())
+
+
+@pytest.mark.parametrize("diag", ALL_DIAGS)
 def test_gradients_flow_through_both_paths(diag):
     layer = _layer(diag=diag).train()
     x = torch.randn(2, 6, 8, dtype=torch.float64, requires_grad=True)
