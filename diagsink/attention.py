@@ -102,7 +102,7 @@ def pack_groups(n_seq: int, length: int, device: torch.device, p_drop: float = 0
     carries the regularizer's diagonal at no extra cost (:func:`pack_diagonal_bias`).
 
     Returns 1 (no packing) off the CPU (the GPU kernels have other trade-offs), with
-    attention dropout (PyTorch then takes its unfused path, where packing would multiply the
+    attention dropout (attention is then computed unfused, where packing would multiply the
     work by ``G``), for ``T > PACK_LENGTH / 2``, and when no ``G > 1`` divides ``n_seq``.
     Explained in the chapter "Attention over time, step by step".
     """

@@ -208,6 +208,20 @@ def test_attention_dropout_only_in_training():
 
 
 @pytest.mark.parametrize("diag", ALL_DIAGS)
+@pytest.mark.parametrize("explicit", [False, True], ids=["fast", "explicit"])
+def test_gradcheck_both_paths(diag, explicit):
+    """Finite differences agree with autograd, for the input and through the in-place bias."""
+    layer = _layer(c=4, h=2, diag=diag, diag_penalty=-0.7).eval()
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True)
+
+    def f(x):
+        out = layer(x, return_attention=explicit)
+        return out[0] if explicit else out
+
+    assert torch.autograd.gradcheck(f, (x,))
+
+
+@pytest.mark.parametrize("diag", ALL_DIAGS)
 def test_attention_dropout_on_the_cpu_runs_the_explicit_path(diag):
     """No fused CPU kernel has dropout: the layer computes what return_attention computes, same draw."""
     layer = _layer(diag=diag, dropout=0.3).train()
