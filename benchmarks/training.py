@@ -249,7 +249,8 @@ def main() -> None:
               f"{FULL_TRAIN_WINDOWS / ours:14.0f} {FULL_TRAIN_WINDOWS / base:14.0f} {t_base / t_bare:17.2f}", flush=True)
     print("* seconds per epoch extrapolated to the full METR-LA training split (23,974 windows).")
     print("** ours with every graph convolution removed, over the baseline: the most any speed-up of the graph")
-    print("   convolution could give (the two then run the same attention kernels on the same shapes).")
+    print("   convolution could give (both then do the same attention on the same shapes: on the CPU with attention")
+    print("   dropout, ours by its explicit path, the baseline's by PyTorch's unfused fallback).")
     if not args.no_memory and device.type == "cpu":
         print("peak resident memory (VmHWM), paper protocol, batch 32, two training steps on the CPU (target: within 4 GB):")
         for low in (False, True):
