@@ -86,8 +86,9 @@ def _constant_bias(length: int, value: float, dtype: torch.dtype, device: torch.
 
 #: On the CPU the fast path packs sequences of at most half this many steps end to end, into
 #: sequences of at most this many (see :func:`pack_groups`). Measured with
-#: ``benchmarks/attention.py``: for T = 12, packed lengths 24 and 48 ran about equally fast and
-#: 36, 72 and 96 slower; 24 keeps the per-sequence dropout bias (``G·T`` floats per query) small.
+#: ``benchmarks/attention.py`` on one x86-64 CPU (2 cores): for T = 12, packed lengths 24 and 48
+#: ran about equally fast and 36, 72 and 96 slower; 24 keeps the per-sequence dropout bias
+#: (``G·T`` floats per query) small. Other CPUs may prefer another length; results are the same.
 PACK_LENGTH = 24
 
 
