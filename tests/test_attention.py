@@ -511,6 +511,8 @@ SOLUTIONS = {
     + penalty * torch.eye(q.shape[-2], dtype=q.dtype),
     "ex-attention-mask": lambda s: torch.softmax(s.masked_fill(torch.eye(s.shape[-1], dtype=torch.bool), float("-inf")), -1),
     "ex-attention-tape": lambda T, C: ds.tape_table(T, C),
+    "ex-attention-pack": lambda T, G: torch.zeros(G * T, G * T).masked_fill(
+        ~torch.block_diag(*[torch.ones(T, T)] * G).bool(), float("-inf")),
 }
 
 WRONG = [
@@ -522,6 +524,13 @@ WRONG = [
     ("ex-attention-mask", lambda s: torch.softmax(s, -1), "not masked"),
     ("ex-attention-tape", lambda T, C: ds.sinusoidal_table(T, C), "C / T"),
     ("ex-attention-tape", lambda T, C: ds.tape_table(T, C).T, "[T, C]"),
+    ("ex-attention-pack", lambda T, G: torch.zeros(G * T, G * T).masked_fill(
+        torch.block_diag(*[torch.ones(T, T)] * G).bool(), float("-inf")), "swapped"),
+    ("ex-attention-pack", lambda T, G: torch.zeros(G * T, G * T).masked_fill(
+        ~torch.kron(torch.ones(G, G), torch.eye(T)).bool(), float("-inf")), "one after another"),
+    ("ex-attention-pack", lambda T, G: torch.zeros(G * T, G * T).masked_fill(
+        ~torch.block_diag(*[torch.ones(T, T)] * G).bool(), -1e9), "-inf"),
+    ("ex-attention-pack", lambda T, G: torch.zeros(T, T), "[G T, G T]"),
 ]
 
 
