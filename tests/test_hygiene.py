@@ -48,6 +48,17 @@ def test_notebook_is_stripped_and_uses_python3(path: Path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_a_unique_id(path: Path):
+    """nbformat 4.5 cells carry ids (nbformat warns today and will refuse later; links and diffs use them)."""
+    nb = json.loads(path.read_text())
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5), f"{path.name}: save it as nbformat 4.5 or later"
+    ids = [cell.get("id") for cell in nb["cells"]]
+    missing = [i for i, cell_id in enumerate(ids) if not cell_id]
+    assert not missing, f"{path.name}: cells {missing} have no id (nbformat.validator.normalize adds them)"
+    assert len(set(ids)) == len(ids), f"{path.name}: cell ids repeat"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_has_no_path_hacks_or_installs(path: Path):
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
