@@ -67,6 +67,11 @@ def _check_diag_args(diag: str | None, diag_p: float, diag_penalty: float) -> No
         )
 
 
+def _constant_value(diag: str, diag_penalty: float) -> float:
+    """The diagonal logit bias ``b_ii`` of the deterministic regularizers: ``-inf`` (``"mask"``) or the penalty."""
+    return float(diag_penalty) if diag == "penalty" else float("-inf")
+
+
 #: Longest sequence whose constant bias is cached (longer ones are cheap to rebuild relative
 #: to the attention itself, and caching them would hold megabytes per entry).
 _CACHE_MAX_T = 256
@@ -254,7 +259,7 @@ def diagonal_bias(
                 "an empty set, a NaN); use sequences with T >= 2, or diag=None, 'dropout' or "
                 "'penalty' (dropout never drops the only key)."
             )
-        value = float(diag_penalty) if diag == "penalty" else float("-inf")
+        value = _constant_value(diag, diag_penalty)
         if diagonal:
             return torch.full((length,), value, dtype=dtype, device=device)
         if cache and length <= _CACHE_MAX_T:
@@ -468,7 +473,7 @@ class TemporalAttention(nn.Module):
         *lead, length, _ = h.shape
         diagonal = self._bias(h, dropped, cache=False, diagonal=True)  # None, [T], [H, T] or [..., H, T]
         if diagonal is None or self.diag in ("mask", "penalty"):  # the same in every forward pass
-            value = 0.0 if diagonal is None else float("-inf") if self.diag == "mask" else self.diag_penalty
+            value = 0.0 if diagonal is None else _constant_value(self.diag, self.diag_penalty)
             return _packed_constant(length, groups, value, h.dtype, h.device)
         if diagonal.dim() > 2:
             diagonal = diagonal.expand(*lead, self.n_heads, length).reshape(-1, self.n_heads, length)
