@@ -159,33 +159,30 @@ def diagnose(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device:
     q, k, v = (torch.randn(n_seq, H, T, C // H, device=device, requires_grad=True) for _ in range(3))
     g = torch.randn(n_seq, H, T, C // H, device=device)
     bias = ds.diagonal_bias(T, "penalty", diag_penalty=-0.1, device=device)
-    core: dict[str, list[float]] = {"none": [], "mask": []}
-    for _ in range(rounds + 1):
-        for name, mask in (("none", None), ("mask", bias)):
-            sync(device)
-            start = CLOCK()
-            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).backward(g)
-            sync(device)
-            core[name].append(CLOCK() - start)
-    none, masked = min(core["none"][1:]), min(core["mask"][1:])
+    cases = {"none": (q, k, v, None, g), "mask": (q, k, v, bias, g)}  # name -> (q, k, v, attn_mask, grad)
     groups = ds.attention.pack_groups(n_seq, T, device)
-    packed_note = ""
-    if groups > 1:
+    if groups > 1:  # the layout and block bias the layer uses for short sequences
         qp, kp, vp, gp = (t.detach().reshape(n_seq // groups, groups, H, T, C // H).transpose(1, 2)
                           .reshape(n_seq // groups, H, groups * T, C // H) for t in (q, k, v, g))
         for t in (qp, kp, vp):
             t.requires_grad_(True)
         block = ds.attention.pack_diagonal_bias(torch.full((T,), -0.1, device=device), groups)
-        packed = []
-        for _ in range(rounds + 1):
+        cases["packed"] = (qp, kp, vp, block, gp)
+    core: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds + 1):  # interleaved, like the layer variants; the first round is a warm-up
+        for name, (q_, k_, v_, mask, grad) in cases.items():
             sync(device)
             start = CLOCK()
-            torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, attn_mask=block).backward(gp)
+            torch.nn.functional.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask).backward(grad)
             sync(device)
-            packed.append(CLOCK() - start)
+            core[name].append(CLOCK() - start)
+    best = {name: min(ts[1:]) for name, ts in core.items()}
+    none, masked = best["none"], best["mask"]
+    packed_note = ""
+    if groups > 1:
         packed_note = (
             f"; the layer packs {groups} sequences of T={T} into one (pack_groups), where the kernel with the "
-            f"packed bias takes {1e3 * min(packed[1:]):.1f} ms ({min(packed[1:]) / none:.2f} x the unpacked kernel without a mask)"
+            f"packed bias takes {1e3 * best['packed']:.1f} ms ({best['packed'] / none:.2f} x the unpacked kernel without a mask)"
         )
     builds = {}
     for name, kw in (("penalty", {"diag": "penalty"}), ("dropout", {"diag": "dropout", "training": True})):
