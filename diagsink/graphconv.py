@@ -77,6 +77,19 @@ def receptive_field(adj: torch.Tensor, hops: int) -> torch.Tensor:
     return reach
 
 
+def _stacked_powers(supports: Sequence[torch.Tensor], order: int, n_nodes: int) -> torch.Tensor:
+    """``[P_1, ..., P_1^K, P_2, ..., P_S^K]`` as ``[S K, N, N]`` (dense; ``[0, N, N]`` for no supports)."""
+    out = []
+    for p in supports:
+        p = p.to_dense() if p.is_sparse else p
+        power = p
+        for k in range(order):
+            if k:
+                power = power @ p
+            out.append(power)
+    return torch.stack(out) if out else torch.zeros(0, n_nodes, n_nodes)
+
+
 class DiffusionGraphConv(nn.Module):
     """Diffusion graph convolution over the node axis of ``[batch, time, nodes, channels]``.
 
@@ -94,6 +107,9 @@ class DiffusionGraphConv(nn.Module):
     Shapes:
         ``x``: ``[B, T, N, C]`` -> ``[B, T, N, C]``.
     """
+
+    #: cache the dense powers of the fixed supports as the buffer ``fixed_powers``
+    _cache_powers: bool = True
 
     def __init__(
         self,
@@ -129,6 +145,11 @@ class DiffusionGraphConv(nn.Module):
         for i, s in enumerate(supports):
             # not persistent: derived from the road graph, so state dicts stay small
             self.register_buffer(f"support_{i}", s, persistent=False)
+        # the powers P, P^2, ..., P^K of the fixed supports, computed once (they are constants):
+        # no rebuild per forward pass and no gradient for them in the backward pass
+        cached = supports if self._cache_powers else []
+        with torch.no_grad():
+            self.register_buffer("fixed_powers", _stacked_powers(cached, order, n_nodes), persistent=False)
         self.adaptive = adaptive
         if adaptive:
             self.e1 = nn.Parameter(torch.randn(n_nodes, embed_dim))
@@ -145,24 +166,28 @@ class DiffusionGraphConv(nn.Module):
         return out
 
     def powers(self) -> torch.Tensor:
-        """All diffusion matrices stacked: ``[P_1, P_1^2, ..., P_1^K, P_2, ..., P_S^K]`` as ``[S K, N, N]``."""
-        out = []
-        for p in self.supports():
-            p = p.to_dense() if p.is_sparse else p  # the sparse subclass stores sparse supports
-            power = p
-            for k in range(self.order):
-                if k:
-                    power = power @ p
-                out.append(power)
-        return torch.stack(out)
+        """All diffusion matrices stacked: ``[P_1, P_1^2, ..., P_1^K, P_2, ..., P_S^K]`` as ``[S K, N, N]``.
+
+        The fixed supports' powers come from the cache built at construction
+        (``fixed_powers``); the adaptive support's are computed from the embeddings.
+        """
+        if not self.adaptive:
+            return self.fixed_powers
+        learned = self.adaptive_powers()
+        return torch.cat([self.fixed_powers.to(learned.dtype), learned]) if self.n_fixed else learned
+
+    def adaptive_powers(self) -> torch.Tensor:
+        """``[A, A^2, ..., A^K]`` of the adaptive adjacency ``A`` as ``[K, N, N]`` (differentiable)."""
+        return _stacked_powers([adaptive_adjacency(self.e1, self.e2)], self.order, self.n_nodes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, T, N, C] -> [B, T, N, C]``; sensor ``n`` aggregates ``Σ_m P[n, m] x[..., m, :]``.
 
-        All ``S K`` diffusion terms come from one matrix product: the stacked powers
-        ``[S K N, N]`` times ``x`` laid out as ``[N, B T C]``. This is the same arithmetic as
-        applying ``P`` again and again, done as a single large GEMM (several times faster on
-        a CPU than ``S K`` batched products of ``[N, N] @ [B, T, N, C]``). The linear mix
+        The diffusion terms come from two matrix products: the cached stacked powers of the
+        fixed supports ``[S K N, N]`` (constants, so no gradient is computed for them) and
+        those of the adaptive support, each times ``x`` laid out as ``[N, B T C]``. This is the
+        same arithmetic as applying ``P`` again and again, done as large GEMMs (several times
+        faster on a CPU than ``S K`` batched products of ``[N, N] @ [B, T, N, C]``). The linear mix
         ``W z + b`` is then applied term by term (``W_0 x + Σ_k W_k (P_k x) + b``), which is
         the same as ``self.mix(torch.cat(terms, -1))`` without materialising the
         ``(1 + S K)``-times wider concatenation.
@@ -173,15 +198,23 @@ class DiffusionGraphConv(nn.Module):
                 f"channels={self.channels}]."
             )
         b, t, n, c = x.shape
-        stacked = self.powers().to(x.dtype)  # [S K, N, N]
-        terms = stacked.shape[0]
         flat = x.permute(2, 0, 1, 3).reshape(n, b * t * c)  # [N, B T C]
-        mixed = (stacked.reshape(terms * n, n) @ flat).reshape(terms, n * b * t, c)  # message passing
-        # y = W [x, P_1 x, ...] + b without building the concatenation: W = [W_0 | W_1 | ... ]
         weight = self.mix.weight.to(x.dtype)  # [D, (1 + S K) C]
         d = weight.shape[0]
-        w_terms = weight[:, c:].reshape(d, terms, c).permute(1, 2, 0)  # [S K, C, D]
-        spatial = torch.bmm(mixed, w_terms).sum(0).reshape(n, b, t, d).permute(1, 2, 0, 3)  # [B, T, N, D]
+        w_terms = weight[:, c:].reshape(d, -1, c).permute(1, 2, 0)  # [S K, C, D]
+        groups = []  # (stacked powers [k, N, N], their mix weights [k, C, D])
+        n_cached = self.fixed_powers.shape[0]
+        if n_cached:  # constants: their gradient is never computed
+            groups.append((self.fixed_powers, w_terms[:n_cached]))
+        if self.adaptive:
+            groups.append((self.adaptive_powers(), w_terms[n_cached:]))
+        spatial = None
+        for stacked, w in groups:
+            k = stacked.shape[0]
+            mixed = (stacked.to(x.dtype).reshape(k * n, n) @ flat).reshape(k, n * b * t, c)  # message passing
+            part = torch.bmm(mixed, w.to(mixed.dtype)).sum(0)  # [N B T, D]
+            spatial = part if spatial is None else spatial + part
+        spatial = spatial.reshape(n, b, t, d).permute(1, 2, 0, 3)  # [B, T, N, D]
         bias = None if self.mix.bias is None else self.mix.bias.to(x.dtype)
         return self.dropout(torch.nn.functional.linear(x, weight[:, :c], bias) + spatial)
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .graphconv import DiffusionGraphConv
+from .graphconv import DiffusionGraphConv, _stacked_powers
 
 __all__ = ["SPARSE_MIN_NODES", "SPARSE_MAX_DENSITY", "density", "use_sparse", "SparseDiffusionGraphConv", "sparsify"]
 
@@ -66,11 +66,18 @@ class SparseDiffusionGraphConv(DiffusionGraphConv):
         ``x``: ``[B, T, N, C]`` -> ``[B, T, N, C]``.
     """
 
+    #: no dense ``[S K, N, N]`` cache: it would cost ``O(N^2)`` memory on a large sparse graph
+    _cache_powers = False
+
     def __init__(self, channels: int, supports: Sequence[torch.Tensor] = (), **kwargs) -> None:
         super().__init__(channels, supports, **kwargs)
         for i in range(self.n_fixed):
             dense = getattr(self, f"support_{i}")
             self.register_buffer(f"support_{i}", dense.to_sparse_coo().coalesce(), persistent=False)
+
+    def powers(self) -> torch.Tensor:
+        """All diffusion matrices stacked, dense: ``[S K, N, N]`` (built on each call, not cached)."""
+        return _stacked_powers(self.supports(), self.order, self.n_nodes)
 
     @classmethod
     def from_dense(cls, layer: DiffusionGraphConv) -> SparseDiffusionGraphConv:
