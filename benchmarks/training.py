@@ -32,6 +32,7 @@ depend on how many steps the file holds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -89,6 +90,60 @@ class BaselineModel(nn.Module):
         return self.time_mix(out.transpose(1, 2)).transpose(1, 2) * self.std + self.mean
 
 
+class EinsumGraphConv(nn.Module):
+    """Graph WaveNet's layer written the obvious way: ``mix(cat([x, P x, P^2 x, ..., A x, A^2 x]))``.
+
+    One dense ``einsum`` per support and hop over ``[B, T, N, C]``, the same fixed supports,
+    the same learned adjacency ``softmax(relu(E_1 E_2^T))`` and diffusion order as ours.
+    """
+
+    def __init__(self, d: int, supports, order: int, adaptive: bool, n: int, embed: int, dropout: float):
+        super().__init__()
+        self.supports = [s.clone() for s in supports]
+        self.order = order
+        self.e1 = nn.Parameter(torch.randn(n, embed)) if adaptive else None
+        self.e2 = nn.Parameter(torch.randn(n, embed)) if adaptive else None
+        n_terms = 1 + order * (len(supports) + int(adaptive))
+        self.mix = nn.Linear(n_terms * d, d)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, N, C] -> [B, T, N, C]
+        supports = [s.to(x.device) for s in self.supports]
+        if self.e1 is not None:
+            supports.append(torch.softmax(torch.relu(self.e1 @ self.e2.T), dim=1))
+        terms = [x]
+        for p in supports:
+            h = x
+            for _ in range(self.order):
+                h = torch.einsum("nm,btmc->btnc", p.to(x.dtype), h)
+                terms.append(h)
+        return self.dropout(self.mix(torch.cat(terms, dim=-1)))
+
+
+class ReferenceModel(BaselineModel):
+    """The baseline plus, after each attention sublayer, the einsum graph conv (+ residual, LayerNorm)."""
+
+    def __init__(self, d: int, heads: int, depth: int, dropout: float, mean: float, std: float, *,
+                 supports, order: int, adaptive: bool, embed: int):
+        super().__init__(d, heads, depth, dropout, mean, std)
+        n = supports[0].shape[0]
+        self.gconvs = nn.ModuleList(
+            EinsumGraphConv(d, supports, order, adaptive, n, embed, dropout) for _ in range(depth))
+        self.gnorms = nn.ModuleList(nn.LayerNorm(d) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, N, 2] -> [B, T, N]
+        b, t, n, _ = x.shape
+        tod = self.tod(x[..., 1:])
+        h = self.embed(x[..., :1])
+        for attn, norm, gconv, gnorm in zip(self.attn, self.norms, self.gconvs, self.gnorms):
+            z = (h + tod).permute(0, 2, 1, 3).reshape(b * n, t, -1)
+            z = norm(z + attn(z, z, z, need_weights=False)[0])
+            h = z.reshape(b, n, t, -1).permute(0, 2, 1, 3)
+            h = gnorm(h + gconv(h))
+        out = self.readout(torch.cat([h, x[..., 1:]], -1)).squeeze(-1)
+        return self.time_mix(out.transpose(1, 2)).transpose(1, 2) * self.std + self.mean
+
+
 def _median(values: list[float]) -> float:
     v = sorted(values)
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
@@ -114,6 +169,13 @@ class NoGraph(nn.Module):
         return x.new_zeros(())
 
 
+COMPILE = False  # set by --compile: torch.compile every model (measured as an option)
+
+
+def _maybe_compile(model: nn.Module) -> nn.Module:
+    return torch.compile(model) if COMPILE else model
+
+
 def ours_step(cfg, prepared, batch: int, low_memory: bool = False, graph: bool = True):
     """One training step of the engine's code path (gather on the device, TSModel, masked MAE, clip, AdamW).
 
@@ -128,21 +190,32 @@ def ours_step(cfg, prepared, batch: int, low_memory: bool = False, graph: bool =
     model.checkpoint_blocks = low_memory
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model.train()
+    run = _maybe_compile(model)
     g = torch.Generator().manual_seed(0)
 
     def step():
         starts = prepared.train[torch.randint(len(prepared.train), (batch,), generator=g).to(prepared.train.device)]
         x, y = _batch(prepared, starts, 12, 12)
-        _update(model, opt, x, y)
+        _update(run, opt, x, y)
 
     return step
 
 
-def baseline_step(cfg, prepared, batch: int, device: torch.device):
-    """One training step of the baseline (per-sample Dataset + DataLoader + nn.MultiheadAttention blocks)."""
+def _straightforward_model(cfg, prepared, device: torch.device, graph: bool) -> nn.Module:
     m = cfg["model"]
     torch.manual_seed(0)
-    model = BaselineModel(m["d_model"], m["n_heads"], m["depth"], m["dropout"], prepared.mean, prepared.std).to(device)
+    if not graph:
+        return BaselineModel(m["d_model"], m["n_heads"], m["depth"], m["dropout"], prepared.mean,
+                             prepared.std).to(device)
+    return ReferenceModel(m["d_model"], m["n_heads"], m["depth"], m["dropout"], prepared.mean, prepared.std,
+                          supports=[s.cpu() for s in prepared.supports], order=m["graph_order"],
+                          adaptive=m["adaptive_adjacency"], embed=m["node_embed_dim"]).to(device)
+
+
+def baseline_step(cfg, prepared, batch: int, device: torch.device, graph: bool = False):
+    """One training step of the straightforward model (per-sample Dataset + DataLoader +
+    nn.MultiheadAttention blocks; with ``graph`` the einsum graph conv too: the same-work reference)."""
+    model = _maybe_compile(_straightforward_model(cfg, prepared, device, graph))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ds = WindowDataset(prepared.series.cpu().numpy(), prepared.speed.cpu().numpy(), prepared.train.cpu().numpy())
     loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True)
@@ -194,21 +267,22 @@ sys.path.insert(0, HERE)
 import training as bt
 cfg = load_config("paper")
 prepared = prepare(load_metr_la(), cfg, "cpu")
-step = bt.ours_step(cfg, prepared, 32, low_memory=LOW)
+step = (bt.baseline_step(cfg, prepared, 32, torch.device("cpu"), graph=True) if REF
+        else bt.ours_step(cfg, prepared, 32, low_memory=LOW))
 step(); step()
 # VmHWM: this process's peak resident set (ru_maxrss would include the parent's peak: Linux keeps it across exec)
 print([line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")][0])
 """
 
 
-def peak_memory_paper_batch32(low_memory: bool, fixed_mmap_threshold: bool = False) -> float:
+def peak_memory_paper_batch32(low_memory: bool, fixed_mmap_threshold: bool = False, reference: bool = False) -> float:
     """Peak RSS (GiB) of a fresh process running two ``paper`` training steps at batch 32 on the CPU.
 
     ``fixed_mmap_threshold``: run it with ``MALLOC_MMAP_THRESHOLD_=131072`` (what ``--low-memory``
     sets from inside the engine), so that glibc returns freed activation blocks to the OS.
     """
     here = os.path.dirname(os.path.abspath(__file__))
-    code = PEAK_SNIPPET.replace("HERE", repr(here)).replace("LOW", repr(low_memory))
+    code = PEAK_SNIPPET.replace("HERE", repr(here)).replace("LOW", repr(low_memory)).replace("REF", repr(reference))
     env = dict(os.environ)
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     if fixed_mmap_threshold:
@@ -217,52 +291,90 @@ def peak_memory_paper_batch32(low_memory: bool, fixed_mmap_threshold: bool = Fal
     return int(out.stdout.strip().splitlines()[-1]) / 2**20  # VmHWM is in KiB
 
 
+def inference_rate(cfg, prepared, device: torch.device, batch: int = 256, reps: int = 2) -> tuple[float, float]:
+    """Samples/s of eval forward passes (no gradient, batch ``batch``): ours, the same-work reference."""
+    torch.manual_seed(0)
+    ours = build_model(cfg, "dropout", prepared).eval()
+    ref = _straightforward_model(cfg, prepared, device, graph=True).eval()
+    starts = prepared.train[torch.randint(len(prepared.train), (batch,))]
+    x, _ = _batch(prepared, starts, 12, 12)
+    times: list[list[float]] = [[], []]
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        for r in range(reps + 1):
+            for model, ts in zip((ours, ref), times):
+                t0 = time.perf_counter()
+                model(x)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if r:  # the first round is a warm-up
+                    ts.append(time.perf_counter() - t0)
+    return batch / _median(times[0]), batch / _median(times[1])
+
+
 def main() -> None:
+    global COMPILE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps of each (after 1 warm-up), interleaved; medians")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps of each (after 1 warm-up), interleaved; medians")
     parser.add_argument("--protocols", default="quick,book,paper")
+    parser.add_argument("--quick", action="store_true", help="quick,book only, 2 steps, no memory probe (< 2 min)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every model (an option measured)")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--out", default=None, help="JSON table (default benchmarks/results/training_<device>.json)")
     args = parser.parse_args()
+    from diagsink._io import atomic_write_text
     from diagsink.data import load_metr_la
 
+    if args.quick:
+        args.protocols, args.steps, args.no_memory = "quick,book", 2, True
+    COMPILE = args.compile
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     data = load_metr_la()
-    print(f"data: {data.describe()}")
-    print(f"device: {device} (torch {torch.__version__}, {torch.get_num_threads()} CPU threads)")
-    print(f"{'protocol':8s} {'batch':>5s} {'ours samp/s':>12s} {'base samp/s':>12s} {'ratio':>6s} "
-          f"{'ours s/epoch*':>14s} {'base s/epoch*':>14s} {'no-graph ratio**':>17s}")
+    table: dict = {"data": data.describe(), "device": str(device), "torch": torch.__version__,
+                   "threads": torch.get_num_threads(), "steps": args.steps, "compile": COMPILE,
+                   "autocast": "bf16" if device.type == "cuda" else None, "rows": []}
+    print(f"data: {table['data']}")
+    print(f"device: {device} (torch {torch.__version__}, {torch.get_num_threads()} CPU threads), "
+          f"{args.steps} timed steps each after 1 warm-up, interleaved, median; compile={COMPILE}")
+    print(f"{'protocol':8s} {'batch':>5s} {'ours':>8s} {'ref':>8s} {'no-graph':>8s} {'ours/ref':>8s} "
+          f"{'ours/no-graph':>13s} {'infer ours':>10s} {'infer ref':>9s}   (samples/s)")
     for name in [p for p in args.protocols.split(",") if p]:
         cfg = load_config(name)
         batch = cfg["train"]["batch_size"]
         if device.type == "cpu" and name == "paper":
             batch = 32  # the paper's batch of 128 takes minutes per step on 2 CPU cores
         prepared = prepare(data, cfg, device)
-        t_ours, t_base, t_bare = interleaved(
-            ours_step(cfg, prepared, batch), baseline_step(cfg, prepared, batch, device),
-            ours_step(cfg, prepared, batch, graph=False), n_steps=args.steps,
+        t_ours, t_ref, t_bare = interleaved(
+            ours_step(cfg, prepared, batch), baseline_step(cfg, prepared, batch, device, graph=True),
+            baseline_step(cfg, prepared, batch, device), n_steps=args.steps,
         )
-        ours, base = batch / t_ours, batch / t_base
-        print(f"{name:8s} {batch:5d} {ours:12.1f} {base:12.1f} {ours / base:6.2f} "
-              f"{FULL_TRAIN_WINDOWS / ours:14.0f} {FULL_TRAIN_WINDOWS / base:14.0f} {t_base / t_bare:17.2f}", flush=True)
-    print("* seconds per epoch extrapolated to the full METR-LA training split (23,974 windows).")
-    print("** ours with every graph convolution removed, over the baseline: the most any speed-up of the graph")
-    print("   convolution could give (both then do the same attention on the same shapes: on the CPU with attention")
-    print("   dropout, ours by its explicit path, the baseline's by PyTorch's unfused fallback).")
+        inf_ours, inf_ref = inference_rate(cfg, prepared, device)
+        row = {"protocol": name, "batch": batch, "ours": batch / t_ours, "reference": batch / t_ref,
+               "no_graph": batch / t_bare, "ours_over_reference": t_ref / t_ours,
+               "ours_over_no_graph": t_bare / t_ours, "inference_batch": 256,
+               "inference_ours": inf_ours, "inference_reference": inf_ref}
+        table["rows"].append(row)
+        print(f"{name:8s} {batch:5d} {row['ours']:8.1f} {row['reference']:8.1f} {row['no_graph']:8.1f} "
+              f"{row['ours_over_reference']:8.2f} {row['ours_over_no_graph']:13.2f} {inf_ours:10.1f} "
+              f"{inf_ref:9.1f}", flush=True)
+    print("ref: nn.MultiheadAttention + einsum graph conv (same spatial work), fed by a Dataset + DataLoader;")
+    print("no-graph: the same without graph convolutions (today's baseline; less work than ours).")
     if not args.no_memory and device.type == "cpu":
-        print("peak resident memory (VmHWM), paper protocol, batch 32, two training steps on the CPU (target: within 4 GB):")
-        for low in (False, True):
-            for fixed in (False, True):
-                label = ("activation checkpointing" if low else "no checkpointing") + (
-                    ", MALLOC_MMAP_THRESHOLD_=131072" if fixed else ", glibc default allocator settings")
-                print(f"  {label:70s} {peak_memory_paper_batch32(low, fixed):6.2f} GiB", flush=True)
-        print("  (`--low-memory` = activation checkpointing + the fixed threshold, set with mallopt by the engine)")
-        t_plain, t_low = interleaved(ours_step(load_config("paper"), prepare(data, load_config("paper"), device), 32),
-                                     ours_step(load_config("paper"), prepare(data, load_config("paper"), device), 32, True),
-                                     n_steps=max(1, args.steps // 2))
-        print(f"paper, batch 32: --low-memory costs {t_low / t_plain:.2f}x the time per step")
+        print("peak resident memory (VmHWM), paper protocol, batch 32, two training steps (target: within 4 GB):")
+        table["peak_gib_paper_batch32"] = {}
+        for key, low, ref in (("ours", False, False), ("ours_low_memory", True, False), ("reference", False, True)):
+            gib = peak_memory_paper_batch32(low, low, reference=ref)
+            table["peak_gib_paper_batch32"][key] = gib
+            print(f"  {key:20s} {gib:6.2f} GiB", flush=True)
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   f"training_{device.type}{'_compile' if COMPILE else ''}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    atomic_write_text(out, json.dumps(table, indent=1) + "\n")
+    print(json.dumps(table, indent=1))
+    print(f"written: {out}")
 
 
 if __name__ == "__main__":
