@@ -6,6 +6,7 @@ companion to Hankemeier & Schilling (ESANN 2026, arXiv 2602.10956). One concept 
 * :mod:`diagsink.settings`    quick/full mode, data folder, device (``DIAGSINK_QUICK``, ``DIAGSINK_DATA``)
 * :mod:`diagsink.attention`   :class:`~diagsink.attention.TemporalAttention` and the diagonal regularizers
 * :mod:`diagsink.positional`  sinusoidal, tAPE and learned positional encodings
+* :mod:`diagsink.variants`    the paper's five variants: names, letters, labels, layer arguments
 
 Tensor shapes follow ``[batch, time, nodes, channels]`` for traffic data and
 ``[..., T, C]`` (time second-to-last) inside the attention layer.
@@ -17,6 +18,7 @@ from . import exercises
 from . import adjacency, baselines, data, metrics, protocol  # METR-LA: book/metr_la.ipynb
 from . import jacobian  # the Jacobian and its bounds: book/jacobian.ipynb, book/bounds.ipynb
 from . import parroting, plotting, stats  # book/parroting.ipynb (plotting: the whole book)
+from . import variants  # the one list of the paper's five variants (every chapter)
 from .attention import DIAG_OPTIONS, TemporalAttention, diagonal_bias
 from .errors import ConfigError, DataError, DiagsinkError
 from .positional import PositionalEncoding, sinusoidal_table, tape_table
@@ -35,6 +37,8 @@ __all__ = [
     "parroting",
     "plotting",
     "stats",
+    "variants",
+    "jacobian",
     "settings",
     "Settings",
     "pick",

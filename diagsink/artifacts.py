@@ -25,6 +25,7 @@ from typing import Any
 
 from ._io import atomic_write_text
 from .errors import DiagsinkError
+from .variants import VARIANTS
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -97,8 +98,6 @@ def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[st
     Raises:
         ArtifactError: naming the first problem found.
     """
-    from .model import VARIANTS
-
     if not isinstance(art, dict):
         raise ArtifactError("an artifact is a JSON object.")
     for key, kind in _TOP_KEYS.items():
@@ -174,8 +173,6 @@ def load_results(folder: str | Path) -> list[dict[str, Any]]:
     arts = [load_artifact(p) for p in sorted(folder.glob("*.json"))]
     if not arts:
         raise ArtifactError(f"{folder} holds no artifacts; run `diagsink reproduce` first.")
-    from .model import VARIANTS
-
     return sorted(arts, key=lambda a: (VARIANTS.index(a["variant"]), a["seed"]))
 
 

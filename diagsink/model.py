@@ -22,7 +22,7 @@ input steps into the 12 output steps with ``Linear(T_in -> T_out)``: a direct
 combination of the per-step read-outs. This follows the released model's head; it is
 cheap and lets every horizon see every input step.
 
-The five variants of the paper (:data:`VARIANTS`) differ only in the arguments of
+The five variants of the paper (:data:`diagsink.variants.VARIANTS`) differ only in the arguments of
 :class:`diagsink.TemporalAttention`. Explained in the chapter "The T&S model and its
 training loop" (``book/model.ipynb``).
 """
@@ -40,21 +40,9 @@ from .attention import TemporalAttention
 from .errors import ConfigError
 from .graphconv import DiffusionGraphConv
 from .positional import PositionalEncoding
+from .variants import VARIANTS, attention_kwargs
 
-__all__ = ["VARIANTS", "VARIANT_LABELS", "BLOCK_ORDERS", "check_block_order", "variant_attention_kwargs", "TSBlock", "TSModel"]
-
-#: The paper's five variants, in the order of its table.
-VARIANTS: tuple[str, ...] = ("no_residual", "none", "mask", "dropout", "penalty")
-
-#: Labels as the paper's table prints them.
-VARIANT_LABELS: dict[str, str] = {
-    "no_residual": "(a) no residual",
-    "none": "(b) no regularization",
-    "mask": "(c) full diagonal mask",
-    "dropout": "(d) diagonal dropout",
-    "penalty": "(e) diagonal penalty",
-}
-
+__all__ = ["BLOCK_ORDERS", "check_block_order", "TSBlock", "TSModel"]
 
 #: The sublayer orders of a block, ``"ts"`` = temporal attention then graph conv (the paper's
 #: T&S, the default) and ``"st"`` = graph conv then temporal attention.
@@ -72,25 +60,6 @@ def check_block_order(order: Any) -> str:
     return order
 
 
-def variant_attention_kwargs(variant: str, *, diag_p: float = 0.2, diag_penalty: float = -0.1) -> dict[str, Any]:
-    """The :class:`TemporalAttention` arguments of one variant.
-
-    ``no_residual`` -> ``residual=False`` (no regularizer); ``none`` -> nothing;
-    ``mask`` -> ``diag="mask"``; ``dropout`` -> ``diag="dropout", diag_p``;
-    ``penalty`` -> ``diag="penalty", diag_penalty``.
-    """
-    table: dict[str, dict[str, Any]] = {
-        "no_residual": {"residual": False, "diag": None},
-        "none": {"residual": True, "diag": None},
-        "mask": {"residual": True, "diag": "mask"},
-        "dropout": {"residual": True, "diag": "dropout", "diag_p": diag_p},
-        "penalty": {"residual": True, "diag": "penalty", "diag_penalty": diag_penalty},
-    }
-    if variant not in table:
-        raise ConfigError(f"variant {variant!r} is not known; choose one of {', '.join(VARIANTS)}.")
-    return dict(table[variant])
-
-
 class TSBlock(nn.Module):
     """One T&S block: temporal attention (+ residual, LayerNorm), then graph conv (+ residual, LayerNorm).
 
@@ -103,7 +72,7 @@ class TSBlock(nn.Module):
         d_model, n_heads, dropout: of the attention layer (``dropout`` = attention dropout,
             also used after the graph convolution).
         supports, order, adaptive, n_nodes, embed_dim: of :class:`DiffusionGraphConv`.
-        attention_kwargs: the variant's arguments (:func:`variant_attention_kwargs`).
+        attention_kwargs: the variant's arguments (:func:`diagsink.variants.attention_kwargs`).
         block_order: ``"ts"`` (default, the paper's) or ``"st"`` (:data:`BLOCK_ORDERS`).
 
     Shapes:
@@ -155,7 +124,7 @@ class TSModel(nn.Module):
     Args:
         n_nodes: sensors ``N``.
         supports: fixed ``[N, N]`` diffusion supports (forward and backward random walks).
-        variant: one of :data:`VARIANTS`.
+        variant: one of :data:`diagsink.variants.VARIANTS`.
         d_model, n_heads, depth, dropout: width, heads, number of blocks, dropout.
         pos_encoding: added once to the speed embedding (``"tape"`` in the paper).
         order, adaptive, embed_dim: graph convolution settings.
@@ -199,7 +168,7 @@ class TSModel(nn.Module):
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
         self.block_order = check_block_order(block_order)
-        kwargs = variant_attention_kwargs(variant, diag_p=diag_p, diag_penalty=diag_penalty)
+        kwargs = attention_kwargs(variant, diag_p=diag_p, diag_penalty=diag_penalty)
         for name, value in (("n_nodes", n_nodes), ("depth", depth), ("t_in", t_in), ("t_out", t_out)):
             if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < 1:
                 where = "the number of sensors" if name == "n_nodes" else f"config key model.{name}"

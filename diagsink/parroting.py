@@ -51,6 +51,7 @@ from torch import nn
 
 from .attention import TemporalAttention
 from .errors import ConfigError
+from .variants import attention_kwargs, check_variant
 from .stats import attention_entropy, column_stripe_index, diagonal_mass, lag_mass, parroting_score
 
 __all__ = [
@@ -59,7 +60,6 @@ __all__ = [
     "Batch",
     "make_batch",
     "make_seasonal_batch",
-    "VARIANTS",
     "EMBEDDINGS",
     "FourierFeatures",
     "SELF_MATCH",
@@ -201,18 +201,6 @@ def _draw(n: int, length: int, task, generator: torch.Generator) -> Batch:
     return make_batch(n, length, task, generator)
 
 
-#: The paper's five variants as keyword arguments of
-#: :class:`~diagsink.attention.TemporalAttention`, with the regularizer strengths the paper
-#: reports selecting (penalty −0.1, dropout p = 0.2).
-VARIANTS: dict[str, dict] = {
-    "no_residual": {"residual": False},
-    "none": {},
-    "mask": {"diag": "mask"},
-    "penalty": {"diag": "penalty", "diag_penalty": -0.1},
-    "dropout": {"diag": "dropout", "diag_p": 0.2},
-}
-
-
 #: The input maps :class:`ParrotNet` knows: ``"linear"`` (``Linear(1 → C)``) and
 #: ``"fourier"`` (:class:`FourierFeatures`, then ``Linear(C → C)``).
 EMBEDDINGS = ("linear", "fourier")
@@ -314,7 +302,7 @@ class VectorParrotNet(nn.Module):
 #: features of the value (so that "a step that looks like me" can be expressed), no
 #: residual connection and no output projection (so that the present can reach the
 #: forecast through attention only), and a larger learning rate (sharp attention needs
-#: large logits). Combine it with any key of :data:`VARIANTS`; ``layer`` entries override
+#: large logits). Combine it with any of :data:`diagsink.variants.VARIANTS`; ``layer`` entries override
 #: the variant's (e.g. a stronger penalty).
 SELF_MATCH: dict = {"embedding": "fourier", "layer": {"residual": False, "out_proj": False}, "lr": 1e-2}
 
@@ -353,7 +341,7 @@ def train(
 
     Args:
         length: ``T``.
-        variant: a key of :data:`VARIANTS`.
+        variant: one of :data:`diagsink.variants.VARIANTS` (strengths as reported in the paper's text).
         task: a :class:`ParrotTask` (model :class:`ParrotNet`) or a :class:`SeasonalTask`
             (model :class:`VectorParrotNet`; ``embedding`` must stay ``"linear"``).
         embedding: the input map of :class:`ParrotNet` (``"linear"`` or ``"fourier"``).
@@ -364,9 +352,7 @@ def train(
     Raises:
         ConfigError: unknown variant or embedding, or ``length ≤ lag``.
     """
-    if variant not in VARIANTS:
-        raise ConfigError(f"variant={variant!r} is not known; choose one of {list(VARIANTS)}.")
-    layer_kwargs = {**VARIANTS[variant], **(layer or {})}
+    layer_kwargs = {**attention_kwargs(check_variant(variant)), **(layer or {})}
     start = time.perf_counter()
     losses: list[float] = []
     with torch.random.fork_rng(devices=[]):

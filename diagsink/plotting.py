@@ -27,11 +27,11 @@ import matplotlib.pyplot as plt
 import torch
 from cycler import cycler
 
+from .variants import FIGURE_ORDER, SHORT_LABELS
+
 __all__ = [
     "OKABE_ITO",
     "HEATMAP_CMAP",
-    "VARIANT_ORDER",
-    "VARIANT_LABELS",
     "use_style",
     "AveragedAttention",
     "average_attention",
@@ -54,16 +54,6 @@ OKABE_ITO = (
 )
 #: colour map for attention heatmaps (``cividis`` is an alternative designed for CVD).
 HEATMAP_CMAP = "viridis"
-
-#: the paper's five variants, in the order of its Fig. 1, with their panel labels.
-VARIANT_ORDER = ("no_residual", "none", "mask", "penalty", "dropout")
-VARIANT_LABELS = {
-    "no_residual": "(a) no residual",
-    "none": "(b) no regularization",
-    "mask": "(c) mask",
-    "penalty": "(d) penalty",
-    "dropout": "(e) dropout",
-}
 
 _QUERY_LABEL = "query step $i$"
 _KEY_LABEL = "key step $j$"
@@ -238,10 +228,11 @@ def variant_panel(
     """The paper's Fig. 1: one attention map per variant, side by side.
 
     Args:
-        maps: ``variant -> [T, T]``. The paper's names (:data:`VARIANT_ORDER`:
-            ``"no_residual", "none", "mask", "penalty", "dropout"``) are drawn in the paper's
-            order and labelled ``(a) no residual`` … ``(e) dropout``; other names keep their
-            order and are lettered ``(a)``, ``(b)``, … .
+        maps: ``variant -> [T, T]``. The paper's variant names are drawn in the order of
+            the paper's Figure 1 (:data:`diagsink.variants.FIGURE_ORDER`: penalty before
+            dropout) and labelled with the letters of its results table
+            (:data:`diagsink.variants.SHORT_LABELS`: ``(e) penalty`` then ``(d) dropout``);
+            other names keep their order and are lettered ``(a)``, ``(b)``, … .
         how: the averaging, written into the figure title.
         shared_scale: one colour scale (and one colour bar) for all panels, so brightness
             compares across variants; ``False``: each panel its own scale and colour bar
@@ -257,9 +248,9 @@ def variant_panel(
     if not maps:
         raise ValueError("maps is empty; pass {variant: [T, T] attention map}.")
     names = list(maps)
-    if set(names) <= set(VARIANT_ORDER):
-        names = [n for n in VARIANT_ORDER if n in maps]
-        labels = [VARIANT_LABELS[n] for n in names]
+    if set(names) <= set(FIGURE_ORDER):
+        names = [n for n in FIGURE_ORDER if n in maps]
+        labels = [SHORT_LABELS[n] for n in names]
     else:
         labels = [f"({chr(ord('a') + k)}) {n}" for k, n in enumerate(names)]
     mats = [_as_matrix(maps[n], name=f"maps[{n!r}]") for n in names]

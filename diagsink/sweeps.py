@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 from ._io import remove_stale_temporaries
 from .errors import ConfigError, DataError
+from .variants import VARIANTS
 
 __all__ = [
     "SWEEPS",
@@ -85,7 +86,7 @@ def _check_sweep(name: str) -> None:
 
 def default_values(name: str) -> tuple[list[float | int | str], tuple[str, ...]]:
     """The values and variants a sweep runs by default (smaller in quick mode, via ``ds.pick``)."""
-    from .model import BLOCK_ORDERS, VARIANTS
+    from .model import BLOCK_ORDERS
     from .settings import pick
 
     _check_sweep(name)
@@ -147,8 +148,6 @@ def sweep_points(name: str, values: list[Any] | None = None, variants: tuple[str
             an unknown variant, or a variant the sweep does not apply to (a penalty sweep
             of the dropout variant).
     """
-    from .model import VARIANTS
-
     _check_sweep(name)
     dv, dvar = default_values(name)
     vals = _check_values(name, list(dv if values is None else values))

@@ -51,7 +51,8 @@ from .config import config_hash, load_config
 from .settings import check_device
 from .errors import ConfigError, DiagsinkError
 from .distributed import context as distributed_context
-from .model import VARIANTS, TSModel
+from .model import TSModel
+from .variants import VARIANTS, check_variant
 from .sparse import sparsify
 
 __all__ = [
@@ -324,8 +325,7 @@ def device_name(device: torch.device) -> str:
 # -- paths --------------------------------------------------------------------------------------------
 def run_name(variant: str, seed: int) -> str:
     """``"<variant>_seed<k>"`` for a known variant and a non-negative int seed."""
-    if variant not in VARIANTS:
-        raise ConfigError(f"variant {variant!r} is not known; choose one of {', '.join(VARIANTS)}.")
+    check_variant(variant)
     if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**31):
         raise ConfigError(f"seed {seed!r} must be an integer in [0, 2**31).")
     return f"{variant}_seed{seed}"
@@ -422,7 +422,7 @@ def train_run(
 
     Args:
         cfg: a config dict or a protocol name (:func:`diagsink.config.load_config`).
-        variant: one of :data:`diagsink.model.VARIANTS`.
+        variant: one of :data:`diagsink.variants.VARIANTS`.
         seed: initialisation, window order and dropout draws.
         data: a :class:`diagsink.data.MetrLA` (loaded from ``ds.settings().data_root`` if None).
         prepared: an already prepared data set (skips ``data``), e.g. shared by several runs.

@@ -16,7 +16,7 @@ import argparse
 
 from .config import PROTOCOLS
 from .distributed import add_distributed
-from .model import VARIANTS
+from .variants import VARIANTS
 
 __all__ = ["add_commands"]
 

@@ -8,7 +8,8 @@ import torch
 import diagsink as ds  # noqa: F401  (the package must import cleanly)
 from diagsink.errors import ConfigError
 from diagsink.graphconv import DiffusionGraphConv, adaptive_adjacency, receptive_field, released_code_contraction
-from diagsink.model import VARIANTS, TSBlock, TSModel, variant_attention_kwargs
+from diagsink.model import TSBlock, TSModel
+from diagsink.variants import VARIANTS, attention_kwargs
 
 
 def _path_graph(n: int) -> torch.Tensor:
@@ -102,7 +103,7 @@ def test_variants_map_to_attention_arguments(variant):
     a = _path_graph(4)
     model = TSModel(4, _supports(a), variant=variant, d_model=8, n_heads=2, depth=2, diag_p=0.3, diag_penalty=-0.7)
     att = model.blocks[0].attn
-    expect = variant_attention_kwargs(variant, diag_p=0.3, diag_penalty=-0.7)
+    expect = attention_kwargs(variant, diag_p=0.3, diag_penalty=-0.7)
     assert att.residual == expect["residual"] and att.diag == expect["diag"]
     if variant == "dropout":
         assert att.diag_p == 0.3
@@ -119,7 +120,7 @@ def test_variants_map_to_attention_arguments(variant):
 
 def test_unknown_variant_names_the_allowed_ones():
     with pytest.raises(ConfigError, match="no_residual, none, mask, dropout, penalty"):
-        variant_attention_kwargs("diag-mask")
+        attention_kwargs("diag-mask")
 
 
 def test_output_is_unscaled_speed():

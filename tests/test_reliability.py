@@ -49,7 +49,7 @@ from diagsink import protocol as P
 from diagsink.cli import main
 from diagsink.config import load_config, override
 from diagsink.errors import ConfigError, DataError, DiagsinkError
-from diagsink.model import VARIANTS
+from diagsink.variants import VARIANTS
 
 IDS = ["201", "202", "203", "204", "205"]
 TINY = {

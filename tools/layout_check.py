@@ -1,0 +1,110 @@
+"""Check the package layout rules of the developers' guide: module and function sizes, imports.
+
+Prints every module over 450 lines, every function over 80 lines (docstring excluded), every
+``import`` inside a function body without a ``# reason:`` comment on its line or the line
+above, and import cycles between the package's modules. Exit status 1 if any is found.
+Usage: ``python tools/layout_check.py [package_dir]``.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+MAX_MODULE, MAX_FUNCTION = 450, 80
+
+
+def _body_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        if isinstance(body[0].value.value, str):
+            body = body[1:]
+    if not body:
+        return 0
+    return body[-1].end_lineno - body[0].lineno + 1
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _resolve(node: ast.ImportFrom, module: str, is_pkg: bool) -> list[str]:
+    if node.level == 0:
+        base = node.module or ""
+    else:
+        pkg = module.split(".") if is_pkg else module.split(".")[:-1]
+        pkg = pkg[: len(pkg) - (node.level - 1)]
+        base = ".".join(pkg + ([node.module] if node.module else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names]
+
+
+def check(root: Path) -> list[str]:
+    problems: list[str] = []
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        modules[_module_name(path, root)] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        src = path.read_text()
+        lines = src.splitlines()
+        if len(lines) > MAX_MODULE:
+            problems.append(f"{path}: {len(lines)} lines (> {MAX_MODULE})")
+        tree = ast.parse(src)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = _body_lines(node)
+                if n > MAX_FUNCTION:
+                    problems.append(f"{path}:{node.lineno} {node.name}: {n} lines (> {MAX_FUNCTION})")
+                for sub in ast.walk(node):
+                    if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                        here = lines[sub.lineno - 1]
+                        above = lines[sub.lineno - 2] if sub.lineno > 1 else ""
+                        if "reason:" not in here and "reason:" not in above:
+                            problems.append(f"{path}:{sub.lineno} import inside {node.name}() without a '# reason:'")
+        for node in tree.body:  # module-level imports only make the import graph
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                targets = _resolve(node, name, path.name == "__init__.py")
+            elif isinstance(node, ast.If):  # TYPE_CHECKING blocks do not count
+                continue
+            for t in targets:
+                if t in modules and t != name:
+                    graph[name].add(t)
+    problems += [f"import cycle: {' -> '.join(c)}" for c in _cycles(graph)]
+    return problems
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles between modules (a package's ``__init__`` importing its own submodules is not one)."""
+    found: list[list[str]] = []
+    seen: set[frozenset[str]] = set()
+    def parent_init(a: str, b: str) -> bool:
+        return b.startswith(a + ".")
+    for start in graph:
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if parent_init(node, nxt) or parent_init(nxt, node):
+                    continue
+                if nxt == start:
+                    key = frozenset(path)
+                    if key not in seen:
+                        seen.add(key)
+                        found.append(path + [start])
+                elif nxt not in path and len(path) < 8:
+                    stack.append((nxt, path + [nxt]))
+    return found
+
+
+if __name__ == "__main__":
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "diagsink")
+    found = check(root)
+    print("\n".join(found) if found else "layout: ok")
+    sys.exit(1 if found else 0)
