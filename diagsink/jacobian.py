@@ -535,7 +535,9 @@ class Sweep:
 
     ``mean[kind][path]`` and ``max[kind][path]`` are arrays over ``lengths`` (``kind`` is
     ``"off"`` or ``"diag"``, ``path`` one of :data:`PATHS` or ``"total"``): the mean and the
-    largest block norm over the blocks of that kind, averaged over the samples.
+    largest block norm over the blocks of that kind, averaged over the samples; where
+    ``max_exact[li]`` is ``False`` (``T > max_rows``) it is the largest over a random subset of
+    query rows (a subset maximum, at most the true maximum).
     ``bound[kind][path]`` is the per-entry bound of :func:`bound` and
     ``bound_average[path]`` the bound on the average over ``j ≠ i`` (both averaged over
     samples). ``slope[kind][path]`` / ``max_slope[kind][path]`` are fitted log-log slopes.
@@ -551,6 +553,7 @@ class Sweep:
     slope: dict[str, dict[str, float]]
     max_slope: dict[str, dict[str, float]]
     seconds: float = 0.0
+    max_exact: list[bool] = field(default_factory=list)
 
 
 def sensitivity_vs_length(
@@ -578,7 +581,10 @@ def sensitivity_vs_length(
             the spectral norm.
         max_rows: evaluate at most this many query rows ``i`` per sequence (a random
             subset; all rows when ``T ≤ max_rows``): an unbiased estimate of the mean over
-            blocks that keeps ``T = 1024`` affordable. ``None``: all rows.
+            blocks that keeps ``T = 1024`` affordable. ``None``: all rows. When rows are
+            subsampled, ``Sweep.max`` is the largest block over the *evaluated rows* (a
+            subset maximum, a lower estimate of the true maximum), and
+            ``Sweep.max_exact[li]`` is ``False`` for that length.
 
     Returns:
         a :class:`Sweep`. Explained in ``book/bounds.ipynb``.
@@ -607,6 +613,7 @@ def sensitivity_vs_length(
     bnd = {k: {n: np.zeros(len(lengths)) for n in names} for k in KINDS}
     bavg = {n: np.zeros(len(lengths)) for n in names}
     amax = np.zeros(len(lengths))
+    max_exact = [max_rows is None or T <= max_rows for T in lengths]
     gen = torch.Generator().manual_seed(seed)
     for li, T in enumerate(lengths):
         for s in range(n_samples):
@@ -633,4 +640,7 @@ def sensitivity_vs_length(
             amax[li] += float(alpha.max()) / n_samples
     slope = {k: {n: loglog_slope(lengths, mean[k][n]) for n in names} for k in KINDS}
     max_slope = {k: {n: loglog_slope(lengths, mx[k][n]) for n in names} for k in KINDS}
-    return Sweep(lengths, norm, mean, mx, bnd, bavg, amax, slope, max_slope, time.perf_counter() - start)
+    return Sweep(
+        lengths, norm, mean, mx, bnd, bavg, amax, slope, max_slope, time.perf_counter() - start,
+        max_exact,
+    )
