@@ -52,7 +52,9 @@ import torch
 from torch import nn
 
 import diagsink as ds
-from diagsink.train import git_commit  # the commit the artifacts record (DIAGSINK_GIT_COMMIT without .git)
+from diagsink.train import (
+    git_commit,  # the commit the artifacts record (DIAGSINK_GIT_COMMIT without .git)
+)
 
 TARGET_MHA = 1.00  # fast path time / MHA time must not exceed this
 TARGET_REG = 1.10  # regularizer time / diag=None time must not exceed this
@@ -118,7 +120,13 @@ CLOCK = time.perf_counter  # set by --clock
 
 
 def bench_shape(
-    lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device: torch.device, dropout: float = 0.0
+    lead: tuple[int, ...],
+    T: int,
+    C: int,
+    H: int,
+    rounds: int,
+    device: torch.device,
+    dropout: float = 0.0,
 ) -> dict[str, list[float]]:
     torch.manual_seed(0)
     mods = variants(C, H, dropout)
@@ -129,7 +137,7 @@ def bench_shape(
         module.to(device).train()
         runs[name] = step(module, options, x, g)
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for name, run in runs.items():  # warm-up
+    for run in runs.values():  # warm-up
         run()
     for _ in range(rounds):
         for name, run in runs.items():
@@ -144,7 +152,9 @@ def bench_shape(
     return times
 
 
-def diagnose(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device: torch.device) -> str:
+def diagnose(
+    lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device: torch.device
+) -> str:
     """Where a regularizer's extra time goes: the fused kernel with a mask, or building the bias.
 
     Times ``scaled_dot_product_attention`` alone (forward + backward, the layer's 4-D layout)
@@ -156,24 +166,38 @@ def diagnose(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device:
     n_seq = 1
     for n in lead:
         n_seq *= n
-    q, k, v = (torch.randn(n_seq, H, T, C // H, device=device, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(n_seq, H, T, C // H, device=device, requires_grad=True) for _ in range(3)
+    )
     g = torch.randn(n_seq, H, T, C // H, device=device)
     bias = ds.diagonal_bias(T, "penalty", diag_penalty=-0.1, device=device)
-    cases = {"none": (q, k, v, None, g), "mask": (q, k, v, bias, g)}  # name -> (q, k, v, attn_mask, grad)
+    cases = {
+        "none": (q, k, v, None, g),
+        "mask": (q, k, v, bias, g),
+    }  # name -> (q, k, v, attn_mask, grad)
     groups = ds.attention.pack_groups(n_seq, T, device)
     if groups > 1:  # the layout and block bias the layer uses for short sequences
-        qp, kp, vp, gp = (t.detach().reshape(n_seq // groups, groups, H, T, C // H).transpose(1, 2)
-                          .reshape(n_seq // groups, H, groups * T, C // H) for t in (q, k, v, g))
+        qp, kp, vp, gp = (
+            t.detach()
+            .reshape(n_seq // groups, groups, H, T, C // H)
+            .transpose(1, 2)
+            .reshape(n_seq // groups, H, groups * T, C // H)
+            for t in (q, k, v, g)
+        )
         for t in (qp, kp, vp):
             t.requires_grad_(True)
         block = ds.attention.pack_diagonal_bias(torch.full((T,), -0.1, device=device), groups)
         cases["packed"] = (qp, kp, vp, block, gp)
     core: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds + 1):  # interleaved, like the layer variants; the first round is a warm-up
+    for _ in range(
+        rounds + 1
+    ):  # interleaved, like the layer variants; the first round is a warm-up
         for name, (q_, k_, v_, mask, grad) in cases.items():
             sync(device)
             start = CLOCK()
-            torch.nn.functional.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask).backward(grad)
+            torch.nn.functional.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask).backward(
+                grad
+            )
             sync(device)
             core[name].append(CLOCK() - start)
     best = {name: min(ts[1:]) for name, ts in core.items()}
@@ -185,7 +209,10 @@ def diagnose(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device:
             f"packed bias takes {1e3 * best['packed']:.1f} ms ({best['packed'] / none:.2f} x the unpacked kernel without a mask)"
         )
     builds = {}
-    for name, kw in (("penalty", {"diag": "penalty"}), ("dropout", {"diag": "dropout", "training": True})):
+    for name, kw in (
+        ("penalty", {"diag": "penalty"}),
+        ("dropout", {"diag": "dropout", "training": True}),
+    ):
         reps = 200
         sync(device)
         start = CLOCK()
@@ -201,7 +228,9 @@ def diagnose(lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device:
     )
 
 
-def report(label: str, lead: tuple[int, ...], T: int, C: int, H: int, times: dict[str, list[float]]) -> list[str]:
+def report(
+    label: str, lead: tuple[int, ...], T: int, C: int, H: int, times: dict[str, list[float]]
+) -> list[str]:
     """Print the table of one shape; return the missed targets."""
     best = {name: min(ts) for name, ts in times.items()}
     ref, mha = best["diag=None (fast path)"], best["nn.MultiheadAttention"]
@@ -209,7 +238,9 @@ def report(label: str, lead: tuple[int, ...], T: int, C: int, H: int, times: dic
     for n in lead:
         n_seq *= n
     print(f"\n## {label}: x {list((*lead, T, C))}, {H} heads ({n_seq} sequences of T={T})")
-    print(f"{'variant':34s} {'best ms':>9s} {'median ms':>10s} {'/ diag=None':>12s} {'/ MHA':>7s}  target")
+    print(
+        f"{'variant':34s} {'best ms':>9s} {'median ms':>10s} {'/ diag=None':>12s} {'/ MHA':>7s}  target"
+    )
     missed = []
     for name, ts in times.items():
         ratio, vs_mha = best[name] / ref, best[name] / mha
@@ -224,7 +255,9 @@ def report(label: str, lead: tuple[int, ...], T: int, C: int, H: int, times: dic
             flag = f"<= {TARGET_REG:.2f} x diag=None: {'OK' if ok else 'MISSED'}"
             if not ok:
                 missed.append(f"{label}: {name} {ratio:.2f} x diag=None")
-        print(f"{name:34s} {1e3 * best[name]:9.1f} {1e3 * statistics.median(ts):10.1f} {ratio:12.2f} {vs_mha:7.2f}  {flag}")
+        print(
+            f"{name:34s} {1e3 * best[name]:9.1f} {1e3 * statistics.median(ts):10.1f} {ratio:12.2f} {vs_mha:7.2f}  {flag}"
+        )
     return missed
 
 
@@ -232,15 +265,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small sizes (the default)")
-    size.add_argument("--full", action="store_true", help="the issue's sizes (64 x 207 sequences; T = 288, 1024)")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per variant (default 7 quick, 5 full)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: ds.settings().device)")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time or this process's CPU time")
+    size.add_argument(
+        "--full", action="store_true", help="the issue's sizes (64 x 207 sequences; T = 288, 1024)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="timed rounds per variant (default 7 quick, 5 full)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)"
+    )
+    parser.add_argument(
+        "--device", default=None, help="cpu or cuda (default: ds.settings().device)"
+    )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall time or this process's CPU time",
+    )
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument(
-        "--attn-dropout", default="0,0.1",
+        "--attn-dropout",
+        default="0,0.1",
         help="comma-separated attention-dropout rates to run every shape with (default 0,0.1: without, and as the "
         "book's and the paper's models train)",
     )
@@ -254,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     shapes = FULL_SHAPES if args.full else QUICK_SHAPES
     rounds = args.rounds or (5 if args.full else 7)
     print("# TemporalAttention vs nn.MultiheadAttention: forward + backward, float32, train mode")
-    print(f"UTC {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}, git commit {git_commit()}, {platform.processor() or platform.machine()}")
+    print(
+        f"UTC {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}, git commit {git_commit()}, {platform.processor() or platform.machine()}"
+    )
     print(
         f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, "
         f"python {platform.python_version()}, {'full' if args.full else 'quick'} sizes, {rounds} rounds, "
@@ -263,12 +315,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     missed: list[str] = []
     for rate in rates:
-        print(f"\n# attention dropout {rate:g}" + (
-            "  (the CPU runs the fused kernel)" if rate == 0 else
-            "  (train mode: on the CPU, MHA runs PyTorch's unfused math path and our layer its explicit path)"))
+        print(
+            f"\n# attention dropout {rate:g}"
+            + (
+                "  (the CPU runs the fused kernel)"
+                if rate == 0
+                else "  (train mode: on the CPU, MHA runs PyTorch's unfused math path and our layer its explicit path)"
+            )
+        )
         for label, lead, T in shapes:
             times = bench_shape(lead, T, args.d_model, args.heads, rounds, device, rate)
-            missed += report(f"{label}, attention dropout {rate:g}", lead, T, args.d_model, args.heads, times)
+            missed += report(
+                f"{label}, attention dropout {rate:g}", lead, T, args.d_model, args.heads, times
+            )
             if rate == 0:
                 print(diagnose(lead, T, args.d_model, args.heads, rounds, device))
     print(f"\nwall time {time.perf_counter() - started:.0f} s")

@@ -45,8 +45,9 @@ def synthetic_folder(dest: Path, source: Path) -> Path:
     else:
         ids = [str(700000 + i) for i in range(D.N_SENSORS)]
         (dest / "graph_sensor_ids.txt").write_text(",".join(ids))
-        pd.DataFrame({"index": range(len(ids)), "sensor_id": ids, "latitude": 34.0, "longitude": -118.3}).to_csv(
-            dest / "graph_sensor_locations.csv", index=False)
+        pd.DataFrame(
+            {"index": range(len(ids)), "sensor_id": ids, "latitude": 34.0, "longitude": -118.3}
+        ).to_csv(dest / "graph_sensor_locations.csv", index=False)
         np.save(dest / "adj_mx.npy", np.eye(len(ids), dtype=np.float32))
     rng = np.random.default_rng(0)
     index = pd.date_range(D.FULL_START, periods=D.FULL_STEPS, freq="5min")
@@ -72,13 +73,17 @@ def main(argv=None) -> int:
     else:
         tmp = tempfile.TemporaryDirectory(prefix="diagsink-bench-")
         folder = synthetic_folder(Path(tmp.name), root)
-        print(f"data: SYNTHETIC series of the full shape {D.FULL_STEPS} x {D.N_SENSORS} "
-              f"(no metr-la.h5 in {root}), written to a temporary folder")
+        print(
+            f"data: SYNTHETIC series of the full shape {D.FULL_STEPS} x {D.N_SENSORS} "
+            f"(no metr-la.h5 in {root}), written to a temporary folder"
+        )
 
     raw_bytes = D.FULL_STEPS * D.N_SENSORS * 8
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pd.read_hdf(folder / "metr-la.h5", "df")  # warm the OS file cache and the imports: time the code, not the disk
+        pd.read_hdf(
+            folder / "metr-la.h5", "df"
+        )  # warm the OS file cache and the imports: time the code, not the disk
 
     tracemalloc.start()
     t0 = time.perf_counter()
@@ -98,22 +103,30 @@ def main(argv=None) -> int:
     t3 = time.perf_counter()
     n = 0
     for i in range(0, len(splits.train), args.batch):
-        idx = splits.train[i:i + args.batch]
-        xb, yb = P.gather(series, idx, 12), P.gather(series, idx, 12, offset=12)
+        idx = splits.train[i : i + args.batch]
+        xb, _yb = P.gather(series, idx, 12), P.gather(series, idx, 12, offset=12)
         n += xb.shape[0]
     t4 = time.perf_counter()
 
     print(data.describe())
-    print(f"windows: {splits.counts()} ({splits.order}); view {tuple(windows.shape)} shares memory: "
-          f"{windows.data_ptr() == series.data_ptr()}; batch x {tuple(x.shape)}, y {tuple(y.shape)}")
+    print(
+        f"windows: {splits.counts()} ({splits.order}); view {tuple(windows.shape)} shares memory: "
+        f"{windows.data_ptr() == series.data_ptr()}; batch x {tuple(x.shape)}, y {tuple(y.shape)}"
+    )
     total = t2 - t0
     peak = max(load_peak, window_peak)
     print(f"load_metr_la:            {t1 - t0:7.3f} s")
     print(f"splits + window view:    {t2 - t1:7.3f} s")
-    print(f"load + windowing:        {total:7.3f} s   (target < 2 s: {'OK' if total < 2 else 'OVER'})")
-    print(f"peak traced memory:      {peak / 2**20:7.1f} MiB = {peak / raw_bytes:.2f} x the raw matrix "
-          f"({raw_bytes / 2**20:.1f} MiB; target < 2x: {'OK' if peak < 2 * raw_bytes else 'OVER'})")
-    print(f"one epoch of batches:    {t4 - t3:7.3f} s   ({n} training windows, batch {args.batch}, gathered by indexing)")
+    print(
+        f"load + windowing:        {total:7.3f} s   (target < 2 s: {'OK' if total < 2 else 'OVER'})"
+    )
+    print(
+        f"peak traced memory:      {peak / 2**20:7.1f} MiB = {peak / raw_bytes:.2f} x the raw matrix "
+        f"({raw_bytes / 2**20:.1f} MiB; target < 2x: {'OK' if peak < 2 * raw_bytes else 'OVER'})"
+    )
+    print(
+        f"one epoch of batches:    {t4 - t3:7.3f} s   ({n} training windows, batch {args.batch}, gathered by indexing)"
+    )
     if tmp is not None:
         tmp.cleanup()
     return 0 if total < 2 and peak < 2 * raw_bytes else 1

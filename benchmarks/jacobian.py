@@ -15,7 +15,6 @@ import warnings
 
 import torch
 
-import diagsink as ds
 from diagsink import jacobian as J
 
 
@@ -39,12 +38,20 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; T={args.length}, C={args.d_model}, H={args.heads}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; T={args.length}, C={args.d_model}, H={args.heads}"
+    )
     for dtype in (torch.float32, torch.float64):
         layer = J.init_layer(args.d_model, args.heads, seed=0, dtype=dtype)
-        x = torch.randn(args.length, args.d_model, generator=torch.Generator().manual_seed(1), dtype=dtype)
-        t_closed, closed = _median_seconds(lambda: J.total(J.decompose(layer, x)), args.repeats)
-        t_auto, auto = _median_seconds(lambda: J.autograd_jacobian(layer, x).detach(), args.repeats)
+        x = torch.randn(
+            args.length, args.d_model, generator=torch.Generator().manual_seed(1), dtype=dtype
+        )
+        t_closed, closed = _median_seconds(
+            lambda layer=layer, x=x: J.total(J.decompose(layer, x)), args.repeats
+        )
+        t_auto, auto = _median_seconds(
+            lambda layer=layer, x=x: J.autograd_jacobian(layer, x).detach(), args.repeats
+        )
         err = float((closed - auto).abs().max())
         print(
             f"{str(dtype):14s} decompose {t_closed * 1e3:9.1f} ms   jacrev {t_auto * 1e3:9.1f} ms   "

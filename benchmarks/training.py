@@ -52,8 +52,21 @@ FULL_TRAIN_WINDOWS = 23974  # DCRNN split of the full 34,272-step METR-LA
 class WindowDataset(torch.utils.data.Dataset):
     """Per-sample windows: ``(x [T_in, N, 2], y [T_out, N])`` sliced from numpy arrays."""
 
-    def __init__(self, series: np.ndarray, speed: np.ndarray, starts: np.ndarray, t_in: int = 12, t_out: int = 12):
-        self.series, self.speed, self.starts, self.t_in, self.t_out = series, speed, starts, t_in, t_out
+    def __init__(
+        self,
+        series: np.ndarray,
+        speed: np.ndarray,
+        starts: np.ndarray,
+        t_in: int = 12,
+        t_out: int = 12,
+    ):
+        self.series, self.speed, self.starts, self.t_in, self.t_out = (
+            series,
+            speed,
+            starts,
+            t_in,
+            t_out,
+        )
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -72,7 +85,9 @@ class BaselineModel(nn.Module):
         super().__init__()
         self.embed = nn.Linear(1, d)
         self.tod = nn.Linear(1, d)
-        self.attn = nn.ModuleList(nn.MultiheadAttention(d, heads, dropout=dropout, batch_first=True) for _ in range(depth))
+        self.attn = nn.ModuleList(
+            nn.MultiheadAttention(d, heads, dropout=dropout, batch_first=True) for _ in range(depth)
+        )
         self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(depth))
         self.readout = nn.Linear(d + 1, 1)
         self.time_mix = nn.Linear(12, 12)
@@ -97,7 +112,9 @@ class EinsumGraphConv(nn.Module):
     the same learned adjacency ``softmax(relu(E_1 E_2^T))`` and diffusion order as ours.
     """
 
-    def __init__(self, d: int, supports, order: int, adaptive: bool, n: int, embed: int, dropout: float):
+    def __init__(
+        self, d: int, supports, order: int, adaptive: bool, n: int, embed: int, dropout: float
+    ):
         super().__init__()
         self.supports = [s.clone() for s in supports]
         self.order = order
@@ -123,12 +140,25 @@ class EinsumGraphConv(nn.Module):
 class ReferenceModel(BaselineModel):
     """The baseline plus, after each attention sublayer, the einsum graph conv (+ residual, LayerNorm)."""
 
-    def __init__(self, d: int, heads: int, depth: int, dropout: float, mean: float, std: float, *,
-                 supports, order: int, adaptive: bool, embed: int):
+    def __init__(
+        self,
+        d: int,
+        heads: int,
+        depth: int,
+        dropout: float,
+        mean: float,
+        std: float,
+        *,
+        supports,
+        order: int,
+        adaptive: bool,
+        embed: int,
+    ):
         super().__init__(d, heads, depth, dropout, mean, std)
         n = supports[0].shape[0]
         self.gconvs = nn.ModuleList(
-            EinsumGraphConv(d, supports, order, adaptive, n, embed, dropout) for _ in range(depth))
+            EinsumGraphConv(d, supports, order, adaptive, n, embed, dropout) for _ in range(depth)
+        )
         self.gnorms = nn.ModuleList(nn.LayerNorm(d) for _ in range(depth))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, N, 2] -> [B, T, N]
@@ -194,7 +224,9 @@ def ours_step(cfg, prepared, batch: int, low_memory: bool = False, graph: bool =
     g = torch.Generator().manual_seed(0)
 
     def step():
-        starts = prepared.train[torch.randint(len(prepared.train), (batch,), generator=g).to(prepared.train.device)]
+        starts = prepared.train[
+            torch.randint(len(prepared.train), (batch,), generator=g).to(prepared.train.device)
+        ]
         x, y = _batch(prepared, starts, 12, 12)
         _update(run, opt, x, y)
 
@@ -205,11 +237,21 @@ def _straightforward_model(cfg, prepared, device: torch.device, graph: bool) -> 
     m = cfg["model"]
     torch.manual_seed(0)
     if not graph:
-        return BaselineModel(m["d_model"], m["n_heads"], m["depth"], m["dropout"], prepared.mean,
-                             prepared.std).to(device)
-    return ReferenceModel(m["d_model"], m["n_heads"], m["depth"], m["dropout"], prepared.mean, prepared.std,
-                          supports=[s.cpu() for s in prepared.supports], order=m["graph_order"],
-                          adaptive=m["adaptive_adjacency"], embed=m["node_embed_dim"]).to(device)
+        return BaselineModel(
+            m["d_model"], m["n_heads"], m["depth"], m["dropout"], prepared.mean, prepared.std
+        ).to(device)
+    return ReferenceModel(
+        m["d_model"],
+        m["n_heads"],
+        m["depth"],
+        m["dropout"],
+        prepared.mean,
+        prepared.std,
+        supports=[s.cpu() for s in prepared.supports],
+        order=m["graph_order"],
+        adaptive=m["adaptive_adjacency"],
+        embed=m["node_embed_dim"],
+    ).to(device)
 
 
 def baseline_step(cfg, prepared, batch: int, device: torch.device, graph: bool = False):
@@ -217,7 +259,9 @@ def baseline_step(cfg, prepared, batch: int, device: torch.device, graph: bool =
     nn.MultiheadAttention blocks; with ``graph`` the einsum graph conv too: the same-work reference)."""
     model = _maybe_compile(_straightforward_model(cfg, prepared, device, graph))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ds = WindowDataset(prepared.series.cpu().numpy(), prepared.speed.cpu().numpy(), prepared.train.cpu().numpy())
+    ds = WindowDataset(
+        prepared.series.cpu().numpy(), prepared.speed.cpu().numpy(), prepared.train.cpu().numpy()
+    )
     loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True)
     batches = iter(loader)
     model.train()
@@ -275,23 +319,33 @@ print([line.split()[1] for line in open("/proc/self/status") if line.startswith(
 """
 
 
-def peak_memory_paper_batch32(low_memory: bool, fixed_mmap_threshold: bool = False, reference: bool = False) -> float:
+def peak_memory_paper_batch32(
+    low_memory: bool, fixed_mmap_threshold: bool = False, reference: bool = False
+) -> float:
     """Peak RSS (GiB) of a fresh process running two ``paper`` training steps at batch 32 on the CPU.
 
     ``fixed_mmap_threshold``: run it with ``MALLOC_MMAP_THRESHOLD_=131072`` (what ``--low-memory``
     sets from inside the engine), so that glibc returns freed activation blocks to the OS.
     """
     here = os.path.dirname(os.path.abspath(__file__))
-    code = PEAK_SNIPPET.replace("HERE", repr(here)).replace("LOW", repr(low_memory)).replace("REF", repr(reference))
+    code = (
+        PEAK_SNIPPET.replace("HERE", repr(here))
+        .replace("LOW", repr(low_memory))
+        .replace("REF", repr(reference))
+    )
     env = dict(os.environ)
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     if fixed_mmap_threshold:
         env["MALLOC_MMAP_THRESHOLD_"] = "131072"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
     return int(out.stdout.strip().splitlines()[-1]) / 2**20  # VmHWM is in KiB
 
 
-def inference_rate(cfg, prepared, device: torch.device, batch: int = 256, reps: int = 2) -> tuple[float, float]:
+def inference_rate(
+    cfg, prepared, device: torch.device, batch: int = 256, reps: int = 2
+) -> tuple[float, float]:
     """Samples/s of eval forward passes (no gradient, batch ``batch``): ours, the same-work reference."""
     torch.manual_seed(0)
     ours = build_model(cfg, "dropout", prepared).eval()
@@ -299,7 +353,10 @@ def inference_rate(cfg, prepared, device: torch.device, batch: int = 256, reps: 
     starts = prepared.train[torch.randint(len(prepared.train), (batch,))]
     x, _ = _batch(prepared, starts, 12, 12)
     times: list[list[float]] = [[], []]
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    with (
+        torch.no_grad(),
+        torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"),
+    ):
         for r in range(reps + 1):
             for model, ts in zip((ours, ref), times):
                 t0 = time.perf_counter()
@@ -315,12 +372,23 @@ def main() -> None:
     global COMPILE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps of each (after 1 warm-up), interleaved; medians")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="timed steps of each (after 1 warm-up), interleaved; medians",
+    )
     parser.add_argument("--protocols", default="quick,book,paper")
-    parser.add_argument("--quick", action="store_true", help="quick,book only, 2 steps, no memory probe (< 2 min)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile every model (an option measured)")
+    parser.add_argument(
+        "--quick", action="store_true", help="quick,book only, 2 steps, no memory probe (< 2 min)"
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile every model (an option measured)"
+    )
     parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument("--out", default=None, help="JSON table (default benchmarks/results/training_<device>.json)")
+    parser.add_argument(
+        "--out", default=None, help="JSON table (default benchmarks/results/training_<device>.json)"
+    )
     args = parser.parse_args()
     from diagsink._io import atomic_write_text
     from diagsink.data import load_metr_la
@@ -333,14 +401,25 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     data = load_metr_la()
-    table: dict = {"data": data.describe(), "device": str(device), "torch": torch.__version__,
-                   "threads": torch.get_num_threads(), "steps": args.steps, "compile": COMPILE,
-                   "autocast": "bf16" if device.type == "cuda" else None, "rows": []}
+    table: dict = {
+        "data": data.describe(),
+        "device": str(device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "steps": args.steps,
+        "compile": COMPILE,
+        "autocast": "bf16" if device.type == "cuda" else None,
+        "rows": [],
+    }
     print(f"data: {table['data']}")
-    print(f"device: {device} (torch {torch.__version__}, {torch.get_num_threads()} CPU threads), "
-          f"{args.steps} timed steps each after 1 warm-up, interleaved, median; compile={COMPILE}")
-    print(f"{'protocol':8s} {'batch':>5s} {'ours':>8s} {'ref':>8s} {'no-graph':>8s} {'ours/ref':>8s} "
-          f"{'ours/no-graph':>13s} {'infer ours':>10s} {'infer ref':>9s}   (samples/s)")
+    print(
+        f"device: {device} (torch {torch.__version__}, {torch.get_num_threads()} CPU threads), "
+        f"{args.steps} timed steps each after 1 warm-up, interleaved, median; compile={COMPILE}"
+    )
+    print(
+        f"{'protocol':8s} {'batch':>5s} {'ours':>8s} {'ref':>8s} {'no-graph':>8s} {'ours/ref':>8s} "
+        f"{'ours/no-graph':>13s} {'infer ours':>10s} {'infer ref':>9s}   (samples/s)"
+    )
     for name in [p for p in args.protocols.split(",") if p]:
         cfg = load_config(name)
         batch = cfg["train"]["batch_size"]
@@ -348,29 +427,53 @@ def main() -> None:
             batch = 32  # the paper's batch of 128 takes minutes per step on 2 CPU cores
         prepared = prepare(data, cfg, device)
         t_ours, t_ref, t_bare = interleaved(
-            ours_step(cfg, prepared, batch), baseline_step(cfg, prepared, batch, device, graph=True),
-            baseline_step(cfg, prepared, batch, device), n_steps=args.steps,
+            ours_step(cfg, prepared, batch),
+            baseline_step(cfg, prepared, batch, device, graph=True),
+            baseline_step(cfg, prepared, batch, device),
+            n_steps=args.steps,
         )
         inf_ours, inf_ref = inference_rate(cfg, prepared, device)
-        row = {"protocol": name, "batch": batch, "ours": batch / t_ours, "reference": batch / t_ref,
-               "no_graph": batch / t_bare, "ours_over_reference": t_ref / t_ours,
-               "ours_over_no_graph": t_bare / t_ours, "inference_batch": 256,
-               "inference_ours": inf_ours, "inference_reference": inf_ref}
+        row = {
+            "protocol": name,
+            "batch": batch,
+            "ours": batch / t_ours,
+            "reference": batch / t_ref,
+            "no_graph": batch / t_bare,
+            "ours_over_reference": t_ref / t_ours,
+            "ours_over_no_graph": t_bare / t_ours,
+            "inference_batch": 256,
+            "inference_ours": inf_ours,
+            "inference_reference": inf_ref,
+        }
         table["rows"].append(row)
-        print(f"{name:8s} {batch:5d} {row['ours']:8.1f} {row['reference']:8.1f} {row['no_graph']:8.1f} "
-              f"{row['ours_over_reference']:8.2f} {row['ours_over_no_graph']:13.2f} {inf_ours:10.1f} "
-              f"{inf_ref:9.1f}", flush=True)
-    print("ref: nn.MultiheadAttention + einsum graph conv (same spatial work), fed by a Dataset + DataLoader;")
+        print(
+            f"{name:8s} {batch:5d} {row['ours']:8.1f} {row['reference']:8.1f} {row['no_graph']:8.1f} "
+            f"{row['ours_over_reference']:8.2f} {row['ours_over_no_graph']:13.2f} {inf_ours:10.1f} "
+            f"{inf_ref:9.1f}",
+            flush=True,
+        )
+    print(
+        "ref: nn.MultiheadAttention + einsum graph conv (same spatial work), fed by a Dataset + DataLoader;"
+    )
     print("no-graph: the same without graph convolutions (today's baseline; less work than ours).")
     if not args.no_memory and device.type == "cpu":
-        print("peak resident memory (VmHWM), paper protocol, batch 32, two training steps (target: within 4 GB):")
+        print(
+            "peak resident memory (VmHWM), paper protocol, batch 32, two training steps (target: within 4 GB):"
+        )
         table["peak_gib_paper_batch32"] = {}
-        for key, low, ref in (("ours", False, False), ("ours_low_memory", True, False), ("reference", False, True)):
+        for key, low, ref in (
+            ("ours", False, False),
+            ("ours_low_memory", True, False),
+            ("reference", False, True),
+        ):
             gib = peak_memory_paper_batch32(low, low, reference=ref)
             table["peak_gib_paper_batch32"][key] = gib
             print(f"  {key:20s} {gib:6.2f} GiB", flush=True)
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                   f"training_{device.type}{'_compile' if COMPILE else ''}.json")
+    out = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)),
+        "results",
+        f"training_{device.type}{'_compile' if COMPILE else ''}.json",
+    )
     os.makedirs(os.path.dirname(out), exist_ok=True)
     atomic_write_text(out, json.dumps(table, indent=1) + "\n")
     print(json.dumps(table, indent=1))

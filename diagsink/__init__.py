@@ -14,11 +14,20 @@ Tensor shapes follow ``[batch, time, nodes, channels]`` for traffic data and
 
 from __future__ import annotations
 
-from . import exercises
-from . import adjacency, baselines, data, metrics, protocol  # METR-LA: book/metr_la.ipynb
-from . import jacobian  # the Jacobian and its bounds: book/jacobian.ipynb, book/bounds.ipynb
-from . import parroting, plotting, stats  # book/parroting.ipynb (plotting: the whole book)
-from . import variants  # the one list of the paper's five variants (every chapter)
+from . import (  # METR-LA: book/metr_la.ipynb  # depth: stacks of layers and LayerNorm; the Jacobian and its bounds: book/jacobian.ipynb, book/bounds.ipynb  # book/parroting.ipynb (plotting: the whole book)
+    adjacency,
+    baselines,
+    data,
+    depth,
+    exercises,
+    jacobian,
+    metrics,
+    parroting,
+    plotting,
+    protocol,
+    stats,
+    variants,  # the one list of the paper's five variants (every chapter)
+)
 from .attention import DIAG_OPTIONS, TemporalAttention, diagonal_bias
 from .errors import ConfigError, DataError, DiagsinkError
 from .positional import PositionalEncoding, sinusoidal_table, tape_table
@@ -39,6 +48,7 @@ __all__ = [
     "stats",
     "variants",
     "jacobian",
+    "depth",
     "settings",
     "Settings",
     "pick",

@@ -23,7 +23,9 @@ from .errors import DataError
 __all__ = ["gaussian_kernel_adjacency", "random_walk", "symmetric_normalize", "diffusion_supports"]
 
 
-def gaussian_kernel_adjacency(distances: pd.DataFrame, sensor_ids: list[str], kappa: float = 0.1) -> np.ndarray:
+def gaussian_kernel_adjacency(
+    distances: pd.DataFrame, sensor_ids: list[str], kappa: float = 0.1
+) -> np.ndarray:
     """DCRNN's adjacency from a distance table, float32 ``[N, N]`` (row = from, column = to).
 
     Args:
@@ -37,8 +39,10 @@ def gaussian_kernel_adjacency(distances: pd.DataFrame, sensor_ids: list[str], ka
     """
     need = {"from", "to", "cost"}
     if not need <= set(distances.columns):
-        raise DataError(f"the distance table needs the columns from, to, cost (as distances_la_2012.csv); "
-                        f"it has {list(distances.columns)}. Fix: rename the columns.")
+        raise DataError(
+            f"the distance table needs the columns from, to, cost (as distances_la_2012.csv); "
+            f"it has {list(distances.columns)}. Fix: rename the columns."
+        )
     index = {str(s): i for i, s in enumerate(sensor_ids)}
     n = len(sensor_ids)
     dist = np.full((n, n), np.inf, dtype=np.float32)
@@ -46,16 +50,21 @@ def gaussian_kernel_adjacency(distances: pd.DataFrame, sensor_ids: list[str], ka
     dst = distances["to"].astype(str).map(index)
     keep = src.notna().to_numpy() & dst.notna().to_numpy()
     if not keep.any():
-        raise DataError("no row of the distance table joins two of the given sensors. "
-                        "Fix: pass the sensor ids the table uses (graph_sensor_ids.txt for distances_la_2012.csv).")
+        raise DataError(
+            "no row of the distance table joins two of the given sensors. "
+            "Fix: pass the sensor ids the table uses (graph_sensor_ids.txt for distances_la_2012.csv)."
+        )
     # later rows overwrite earlier ones, as DCRNN's loop does
-    dist[src[keep].to_numpy(dtype=np.int64), dst[keep].to_numpy(dtype=np.int64)] = (
-        distances["cost"].to_numpy(dtype=np.float32)[keep])
+    dist[src[keep].to_numpy(dtype=np.int64), dst[keep].to_numpy(dtype=np.int64)] = distances[
+        "cost"
+    ].to_numpy(dtype=np.float32)[keep]
     finite = dist[~np.isinf(dist)].flatten()
     sigma = finite.std()
     if not sigma > 0:
-        raise DataError("all listed distances are equal, so sigma = 0 and the kernel is undefined. "
-                        "Fix: use a distance table with at least two different distances.")
+        raise DataError(
+            "all listed distances are equal, so sigma = 0 and the kernel is undefined. "
+            "Fix: use a distance table with at least two different distances."
+        )
     adj = np.exp(-np.square(dist / sigma))
     adj[adj < kappa] = 0
     return adj
@@ -63,7 +72,9 @@ def gaussian_kernel_adjacency(distances: pd.DataFrame, sensor_ids: list[str], ka
 
 def _degree_inverse(deg, power: float):
     if isinstance(deg, torch.Tensor):
-        inv = torch.where(deg > 0, deg.clamp_min(torch.finfo(deg.dtype).tiny) ** power, torch.zeros_like(deg))
+        inv = torch.where(
+            deg > 0, deg.clamp_min(torch.finfo(deg.dtype).tiny) ** power, torch.zeros_like(deg)
+        )
         return inv
     with np.errstate(divide="ignore"):
         inv = np.where(deg > 0, np.power(np.where(deg > 0, deg, 1), power), 0.0)
@@ -74,12 +85,16 @@ def _check_adjacency(adj) -> None:
     """``adj`` must be a square ``[N, N]`` matrix of finite, non-negative weights (numpy or torch)."""
     shape = tuple(adj.shape)
     if len(shape) != 2 or shape[0] != shape[1] or shape[0] == 0:
-        raise DataError(f"an adjacency must be a square [N, N] matrix; got shape {shape}. Fix: pass the "
-                        "[N, N] weights, e.g. ds.data.load_metr_la().adjacency.")
+        raise DataError(
+            f"an adjacency must be a square [N, N] matrix; got shape {shape}. Fix: pass the "
+            "[N, N] weights, e.g. ds.data.load_metr_la().adjacency."
+        )
     finite = np.isfinite(adj).all() if isinstance(adj, np.ndarray) else torch.isfinite(adj).all()
     if not bool(finite) or bool((adj < 0).any()):
-        raise DataError("an adjacency must hold finite, non-negative weights (0 = no edge); this one has NaN, inf "
-                        "or negative entries. Fix: rebuild it (gaussian_kernel_adjacency) or reload adj_mx.pkl.")
+        raise DataError(
+            "an adjacency must hold finite, non-negative weights (0 = no edge); this one has NaN, inf "
+            "or negative entries. Fix: rebuild it (gaussian_kernel_adjacency) or reload adj_mx.pkl."
+        )
 
 
 def random_walk(adj):

@@ -45,7 +45,16 @@ SCHEMA_VERSION = 1
 METRIC_KEYS: tuple[str, ...] = tuple(
     f"{m}@{h}" for h in ("3", "6", "12", "mean") for m in ("MAE", "RMSE", "MAPE")
 )
-_PROVENANCE_KEYS = ("git_commit", "config", "config_hash", "data", "device", "torch", "date_utc", "seed")
+_PROVENANCE_KEYS = (
+    "git_commit",
+    "config",
+    "config_hash",
+    "data",
+    "device",
+    "torch",
+    "date_utc",
+    "seed",
+)
 _DATA_KEYS = ("file", "sha256", "n_steps", "full")
 _TOP_KEYS = {
     "schema_version": int,
@@ -102,17 +111,23 @@ def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[st
         raise ArtifactError("an artifact is a JSON object.")
     for key, kind in _TOP_KEYS.items():
         if key not in art:
-            raise ArtifactError(f"artifact field {key!r} is missing; rerun the training command to regenerate it.")
+            raise ArtifactError(
+                f"artifact field {key!r} is missing; rerun the training command to regenerate it."
+            )
         if not isinstance(art[key], kind) or isinstance(art[key], bool):
             raise ArtifactError(f"artifact field {key!r} has type {type(art[key]).__name__}.")
     if art["schema_version"] != SCHEMA_VERSION:
-        raise ArtifactError(f"schema_version {art['schema_version']} is not {SCHEMA_VERSION}; regenerate the artifact.")
+        raise ArtifactError(
+            f"schema_version {art['schema_version']} is not {SCHEMA_VERSION}; regenerate the artifact."
+        )
     if art["variant"] not in VARIANTS:
         raise ArtifactError(f"variant {art['variant']!r} is not one of {VARIANTS}.")
     for key in METRIC_KEYS:
         v = art["metrics"].get(key)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise ArtifactError(f"metric {key} = {v!r} is missing or not a finite non-negative number.")
+            raise ArtifactError(
+                f"metric {key} = {v!r} is missing or not a finite non-negative number."
+            )
     if not 0 <= art["best_epoch"] < art["epochs_run"] or len(art["history"]) != art["epochs_run"]:
         raise ArtifactError("best_epoch / epochs_run / history disagree.")
     prov = art["provenance"]
@@ -138,7 +153,9 @@ def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[st
     if not isinstance(att.get("how"), str):
         raise ArtifactError("attention.how (how the maps were averaged) is missing.")
     if check_sum and checksum(art) != art["checksum"]:
-        raise ArtifactError("checksum mismatch: the artifact was edited or corrupted; regenerate it.")
+        raise ArtifactError(
+            "checksum mismatch: the artifact was edited or corrupted; regenerate it."
+        )
     return art
 
 
@@ -147,7 +164,9 @@ def write_artifact(path: str | Path, artifact: dict[str, Any]) -> Path:
     art = {k: v for k, v in artifact.items() if not k.startswith("_")}
     art["checksum"] = checksum(art)
     validate_artifact(art)
-    return atomic_write_text(path, json.dumps(art, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    return atomic_write_text(
+        path, json.dumps(art, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    )
 
 
 def load_artifact(path: str | Path) -> dict[str, Any]:
@@ -180,7 +199,9 @@ def load_results(folder: str | Path) -> list[dict[str, Any]]:
 def metric_table(arts: list[dict[str, Any]], key: str) -> dict[str, dict[int, float]]:
     """``{variant: {seed: value}}`` of metric ``key`` (e.g. ``"MAE@12"``) over the artifacts."""
     if key not in METRIC_KEYS:
-        raise ArtifactError(f"metric {key!r} is not recorded; choose one of {', '.join(METRIC_KEYS)}.")
+        raise ArtifactError(
+            f"metric {key!r} is not recorded; choose one of {', '.join(METRIC_KEYS)}."
+        )
     out: dict[str, dict[int, float]] = {}
     for a in arts:
         out.setdefault(a["variant"], {})[a["seed"]] = float(a["metrics"][key])
@@ -198,7 +219,9 @@ def t_quantile(q: float, df: int, *, upper: float = 400.0, points: int = 400_001
     if not (0.5 < q < 1 and df >= 1):
         raise ValueError("t_quantile needs 0.5 < q < 1 and df >= 1.")
     x = torch.linspace(0.0, upper, points, dtype=torch.float64)
-    pdf = torch.distributions.StudentT(torch.tensor(float(df), dtype=torch.float64)).log_prob(x).exp()
+    pdf = (
+        torch.distributions.StudentT(torch.tensor(float(df), dtype=torch.float64)).log_prob(x).exp()
+    )
     cdf = 0.5 + torch.cumulative_trapezoid(pdf, x, dim=0)
     idx = int(torch.searchsorted(cdf, torch.tensor([q], dtype=torch.float64)))
     return float(x[min(idx + 1, points - 1)])
@@ -222,11 +245,19 @@ def paired_comparison(
         raise ArtifactError(f"need artifacts of both {variant!r} and {baseline!r} for {key}.")
     seeds = sorted(set(table[variant]) & set(table[baseline]))
     if len(seeds) < 2:
-        raise ArtifactError(f"a paired comparison needs >= 2 common seeds; {variant} and {baseline} share {len(seeds)}.")
+        raise ArtifactError(
+            f"a paired comparison needs >= 2 common seeds; {variant} and {baseline} share {len(seeds)}."
+        )
     d = [table[variant][s] - table[baseline][s] for s in seeds]
     n = len(d)
     mean = sum(d) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1))
     half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
-    return {"n": n, "mean_diff": mean, "sd_diff": sd, "half_width": half, "t": mean / (sd / math.sqrt(n)) if sd > 0 else math.inf,
-            "exceeds_noise": float(abs(mean) > half)}
+    return {
+        "n": n,
+        "mean_diff": mean,
+        "sd_diff": sd,
+        "half_width": half,
+        "t": mean / (sd / math.sqrt(n)) if sd > 0 else math.inf,
+        "exceeds_noise": float(abs(mean) > half),
+    }

@@ -30,7 +30,15 @@ from torch import nn
 from .errors import ConfigError
 from .positional import PositionalEncoding
 
-__all__ = ["TemporalAttention", "diagonal_bias", "pack_groups", "pack_diagonal_bias", "DIAG_OPTIONS", "NORM_OPTIONS", "PACK_LENGTH"]
+__all__ = [
+    "TemporalAttention",
+    "diagonal_bias",
+    "pack_groups",
+    "pack_diagonal_bias",
+    "DIAG_OPTIONS",
+    "NORM_OPTIONS",
+    "PACK_LENGTH",
+]
 
 #: The values ``diag`` may take.
 DIAG_OPTIONS = (None, "mask", "dropout", "penalty")
@@ -78,7 +86,9 @@ _CACHE_MAX_T = 256
 
 
 @lru_cache(maxsize=32)
-def _constant_bias(length: int, value: float, dtype: torch.dtype, device: torch.device | None) -> torch.Tensor:
+def _constant_bias(
+    length: int, value: float, dtype: torch.dtype, device: torch.device | None
+) -> torch.Tensor:
     """``[T, T]`` zeros with ``value`` on the diagonal; cached, so never modify it in place.
 
     Built outside inference mode even when first requested inside ``torch.inference_mode()``:
@@ -140,23 +150,33 @@ def pack_diagonal_bias(diagonal: torch.Tensor, groups: int) -> torch.Tensor:
         diagonal = diagonal.reshape(n_seq // groups, heads, groups * length)
     else:  # the same in every sequence: repeat it
         diagonal = diagonal.repeat(*[1] * (diagonal.dim() - 1), groups)
-    same = torch.block_diag(*[torch.ones(length, length, dtype=torch.bool, device=diagonal.device)] * groups)
-    between = torch.zeros(same.shape, dtype=diagonal.dtype, device=diagonal.device).masked_fill(~same, float("-inf"))
+    same = torch.block_diag(
+        *[torch.ones(length, length, dtype=torch.bool, device=diagonal.device)] * groups
+    )
+    between = torch.zeros(same.shape, dtype=diagonal.dtype, device=diagonal.device).masked_fill(
+        ~same, float("-inf")
+    )
     out = between.expand(*diagonal.shape, groups * length).clone()
     out.diagonal(dim1=-2, dim2=-1).copy_(diagonal)
     return out
 
 
 @lru_cache(maxsize=32)
-def _packed_constant(length: int, groups: int, value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _packed_constant(
+    length: int, groups: int, value: float, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """:func:`pack_diagonal_bias` of ``value`` on every diagonal entry, ``[G·T, G·T]``; cached, never modify it."""
     with torch.inference_mode(False):
         return pack_diagonal_bias(torch.full((length,), value, dtype=dtype, device=device), groups)
 
 
-def _check_dropped(dropped: torch.Tensor, length: int, batch_shape: tuple[int, ...], n_heads: int) -> torch.Tensor:
+def _check_dropped(
+    dropped: torch.Tensor, length: int, batch_shape: tuple[int, ...], n_heads: int
+) -> torch.Tensor:
     if not isinstance(dropped, torch.Tensor):
-        raise ValueError(f"dropped must be a boolean tensor ([T] or [..., H, T]), got {type(dropped).__name__}.")
+        raise ValueError(
+            f"dropped must be a boolean tensor ([T] or [..., H, T]), got {type(dropped).__name__}."
+        )
     if dropped.dim() == 0 or dropped.shape[-1] != length:
         raise ValueError(
             f"dropped has shape {tuple(dropped.shape)} but the sequence has T={length} steps; "
@@ -174,8 +194,14 @@ def _check_dropped(dropped: torch.Tensor, length: int, batch_shape: tuple[int, .
                 f"pattern shape [..., H, T] = {[*batch_shape, n_heads, length]}."
             )
     if dropped.dtype != torch.bool:
-        if dropped.is_floating_point() or dropped.is_complex() or bool(((dropped != 0) & (dropped != 1)).any()):
-            raise ValueError("dropped must hold booleans (True = this diagonal logit is set to -inf).")
+        if (
+            dropped.is_floating_point()
+            or dropped.is_complex()
+            or bool(((dropped != 0) & (dropped != 1)).any())
+        ):
+            raise ValueError(
+                "dropped must hold booleans (True = this diagonal logit is set to -inf)."
+            )
         dropped = dropped.to(torch.bool)
     if length == 1 and bool(dropped.any()):
         raise ValueError(
@@ -275,7 +301,9 @@ def diagonal_bias(
         dropped = torch.rand(shape, generator=generator, device=draw_device) < diag_p
     else:
         dropped = _check_dropped(dropped, length, tuple(batch_shape), n_heads)
-    values = torch.zeros(dropped.shape, dtype=dtype, device=device).masked_fill_(dropped.to(device=device), float("-inf"))
+    values = torch.zeros(dropped.shape, dtype=dtype, device=device).masked_fill_(
+        dropped.to(device=device), float("-inf")
+    )
     return values if diagonal else torch.diag_embed(values)  # b_ii only, or [..., T, T]
 
 
@@ -346,7 +374,9 @@ class TemporalAttention(nn.Module):
             )
         _check_diag_args(diag, diag_p, diag_penalty)
         if not _is_real(dropout) or not 0.0 <= float(dropout) < 1.0:
-            raise ConfigError(f"dropout={dropout!r} must be a probability in [0, 1) (attention dropout).")
+            raise ConfigError(
+                f"dropout={dropout!r} must be a probability in [0, 1) (attention dropout)."
+            )
         if not (isinstance(norm, (str, type(None))) and norm in NORM_OPTIONS):
             raise ConfigError(f"norm={norm!r} is not known; choose one of {NORM_OPTIONS}.")
         d_model, n_heads = int(d_model), int(n_heads)
@@ -409,10 +439,14 @@ class TemporalAttention(nn.Module):
 
     def _logits(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """``q k^T / sqrt(d_h) + b``: ``[..., T, C] -> [..., H, T, T]`` (``b`` broadcasts to the result)."""
-        q = self.split_heads(self.q_proj(x)) / math.sqrt(self.d_head)  # scaling q: T·d numbers, not T·T
+        q = self.split_heads(self.q_proj(x)) / math.sqrt(
+            self.d_head
+        )  # scaling q: T·d numbers, not T·T
         k = self.split_heads(self.k_proj(x))
         s = q @ k.transpose(-1, -2)  # [..., H, T, T]
-        return s if b is None else s.add_(b)  # in place: s is new, and its gradient does not need it
+        return (
+            s if b is None else s.add_(b)
+        )  # in place: s is new, and its gradient does not need it
 
     def scores(self, x: torch.Tensor, dropped: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``s = q k^T / sqrt(d_h) + b``: ``[..., T, C] -> [..., H, T, T]``.
@@ -427,7 +461,9 @@ class TemporalAttention(nn.Module):
 
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"x must be a torch.Tensor of shape [..., T, C], got {type(x).__name__}.")
+            raise ValueError(
+                f"x must be a torch.Tensor of shape [..., T, C], got {type(x).__name__}."
+            )
         if x.dim() < 2:
             raise ValueError(
                 f"x has shape {tuple(x.shape)} (rank {x.dim()}); TemporalAttention expects rank >= 2, "
@@ -439,11 +475,15 @@ class TemporalAttention(nn.Module):
                 f"the input must be [..., T, C] with C = d_model = {self.d_model}."
             )
         if x.shape[-2] < 1:
-            raise ValueError(f"x has shape {tuple(x.shape)}: the time axis (second-to-last) is empty; T must be >= 1.")
+            raise ValueError(
+                f"x has shape {tuple(x.shape)}: the time axis (second-to-last) is empty; T must be >= 1."
+            )
         if not x.is_floating_point():
             raise ValueError(f"x has dtype {x.dtype}; pass floating-point input (e.g. x.float()).")
 
-    def _mix_fused(self, h: torch.Tensor, dropped: torch.Tensor | None, p_drop: float) -> torch.Tensor:
+    def _mix_fused(
+        self, h: torch.Tensor, dropped: torch.Tensor | None, p_drop: float
+    ) -> torch.Tensor:
         """The fast path: ``Σ_j α_ij v_j`` via ``scaled_dot_product_attention``, heads merged: ``[..., T, C] -> [..., T, C]``.
 
         The leading axes are flattened into one batch axis first (the fused CPU kernels
@@ -455,28 +495,40 @@ class TemporalAttention(nn.Module):
         *lead, length, channels = h.shape
         n_seq = math.prod(lead)
         groups = pack_groups(n_seq, length, h.device, p_drop)
-        hp = h.reshape(n_seq // groups, groups * length, channels)  # G consecutive sequences end to end
+        hp = h.reshape(
+            n_seq // groups, groups * length, channels
+        )  # G consecutive sequences end to end
         q = self.split_heads(self.q_proj(hp))  # [n_seq / G, H, G·T, d_h]
         k = self.split_heads(self.k_proj(hp))
         v = self.split_heads(self.v_proj(hp))
         if groups > 1:
             b = self._packed_bias(h, dropped, groups)
         else:
-            b = self._bias(h, dropped, cache=True)  # [T, T], or [..., H, T, T] for per-sequence patterns
+            b = self._bias(
+                h, dropped, cache=True
+            )  # [T, T], or [..., H, T, T] for per-sequence patterns
             if b is not None and b.dim() > 3:
-                b = b.expand(*lead, self.n_heads, length, length).reshape(n_seq, self.n_heads, length, length)
+                b = b.expand(*lead, self.n_heads, length, length).reshape(
+                    n_seq, self.n_heads, length, length
+                )
         mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=b, dropout_p=p_drop)
         return self.merge_heads(mixed).reshape(*lead, length, channels)
 
-    def _packed_bias(self, h: torch.Tensor, dropped: torch.Tensor | None, groups: int) -> torch.Tensor:
+    def _packed_bias(
+        self, h: torch.Tensor, dropped: torch.Tensor | None, groups: int
+    ) -> torch.Tensor:
         """The bias of ``G`` sequences of ``h`` packed end to end (:func:`pack_diagonal_bias`); cached when constant."""
         *lead, length, _ = h.shape
-        diagonal = self._bias(h, dropped, cache=False, diagonal=True)  # None, [T], [H, T] or [..., H, T]
+        diagonal = self._bias(
+            h, dropped, cache=False, diagonal=True
+        )  # None, [T], [H, T] or [..., H, T]
         if diagonal is None or self.diag in ("mask", "penalty"):  # the same in every forward pass
             value = 0.0 if diagonal is None else _constant_value(self.diag, self.diag_penalty)
             return _packed_constant(length, groups, value, h.dtype, h.device)
         if diagonal.dim() > 2:
-            diagonal = diagonal.expand(*lead, self.n_heads, length).reshape(-1, self.n_heads, length)
+            diagonal = diagonal.expand(*lead, self.n_heads, length).reshape(
+                -1, self.n_heads, length
+            )
         return pack_diagonal_bias(diagonal, groups)
 
     # -- forward -------------------------------------------------------------------------------
@@ -511,7 +563,9 @@ class TemporalAttention(nn.Module):
         # computation that measured slower than the explicit one here (benchmarks/attention.py).
         if return_attention or (p_drop > 0.0 and h.device.type == "cpu"):
             h = h.contiguous()  # one copy of a strided input, shared by the three projections
-            attn = torch.softmax(self._logits(h, self._bias(h, dropped, cache=True)), dim=-1)  # [..., H, T, T]
+            attn = torch.softmax(
+                self._logits(h, self._bias(h, dropped, cache=True)), dim=-1
+            )  # [..., H, T, T]
             v = self.split_heads(self.v_proj(h))  # [..., H, T, d_h]
             mixed = (F.dropout(attn, p_drop, training=True) if p_drop else attn) @ v
             out = self.out_proj(self.merge_heads(mixed))  # [..., T, C]

@@ -30,7 +30,13 @@ from .errors import DataError
 from .metrics import horizon_metrics
 from .protocol import Splits, gather, split_windows, train_steps
 
-__all__ = ["historical_average_table", "historical_average", "last_value", "baseline_table", "SLOTS_PER_DAY"]
+__all__ = [
+    "historical_average_table",
+    "historical_average",
+    "last_value",
+    "baseline_table",
+    "SLOTS_PER_DAY",
+]
 
 SLOTS_PER_DAY = 288
 
@@ -42,15 +48,19 @@ def _keys(timestamps: pd.DatetimeIndex) -> tuple[np.ndarray, np.ndarray]:
     return slot.astype(np.int64), weekend
 
 
-def historical_average_table(speed: np.ndarray, timestamps: pd.DatetimeIndex, end: int) -> np.ndarray:
+def historical_average_table(
+    speed: np.ndarray, timestamps: pd.DatetimeIndex, end: int
+) -> np.ndarray:
     """The HA table ``[N, 288, 2]`` (sensor, time-of-day slot, 0 = weekday / 1 = weekend) from ``speed[:end]``.
 
     Means of the non-zero values; empty cells filled as described in the module docstring.
     """
     if len(timestamps) != len(speed) or not 1 <= end <= len(speed):
-        raise DataError(f"historical_average_table needs one timestamp per step and 1 <= end <= {len(speed)}; "
-                        f"got {len(timestamps)} timestamps and end={end}. Fix: pass data.timestamps and "
-                        "end=train_steps(splits).")
+        raise DataError(
+            f"historical_average_table needs one timestamp per step and 1 <= end <= {len(speed)}; "
+            f"got {len(timestamps)} timestamps and end={end}. Fix: pass data.timestamps and "
+            "end=train_steps(splits)."
+        )
     x = np.asarray(speed, dtype=np.float64)[:end]
     slot, weekend = _keys(timestamps[:end])
     n = x.shape[1]
@@ -73,30 +83,42 @@ def historical_average_table(speed: np.ndarray, timestamps: pd.DatetimeIndex, en
     return np.ascontiguousarray(table.transpose(2, 0, 1))
 
 
-def historical_average(table: np.ndarray, timestamps: pd.DatetimeIndex, starts: torch.Tensor,
-                       t_in: int = 12, t_out: int = 12) -> np.ndarray:
+def historical_average(
+    table: np.ndarray,
+    timestamps: pd.DatetimeIndex,
+    starts: torch.Tensor,
+    t_in: int = 12,
+    t_out: int = 12,
+) -> np.ndarray:
     """HA forecasts ``[B, t_out, N]`` for the windows starting at ``starts`` (looked up, not learned)."""
     slot, weekend = _keys(timestamps)
     idx = gather(torch.arange(len(timestamps)), starts, t_out, offset=t_in).numpy()  # [B, t_out]
     return table[:, slot[idx], weekend[idx]].transpose(1, 2, 0)
 
 
-def last_value(speed: np.ndarray, starts: torch.Tensor, t_in: int = 12, t_out: int = 12,
-               fill: bool = True) -> np.ndarray:
+def last_value(
+    speed: np.ndarray, starts: torch.Tensor, t_in: int = 12, t_out: int = 12, fill: bool = True
+) -> np.ndarray:
     """Copy the present: ``[B, t_out, N]``, every future step = the last (observed) input value."""
     x = np.asarray(speed, dtype=np.float64)
     if fill:
         x = pd.DataFrame(np.where(x == 0, np.nan, x)).ffill().fillna(0.0).to_numpy()
     index = torch.as_tensor(starts).numpy() + t_in - 1
     if len(index) and (index.min() < 0 or index.max() >= len(x)):
-        raise DataError(f"windows reach outside the series of {len(x)} steps. Fix: make the splits from this "
-                        "series' length.")
+        raise DataError(
+            f"windows reach outside the series of {len(x)} steps. Fix: make the splits from this "
+            "series' length."
+        )
     last = x[index]  # [B, N]
     return np.repeat(last[:, None, :], t_out, axis=1)
 
 
-def baseline_table(speed: np.ndarray, timestamps: pd.DatetimeIndex, splits: Splits | None = None,
-                   horizons=(3, 6, 12)) -> pd.DataFrame:
+def baseline_table(
+    speed: np.ndarray,
+    timestamps: pd.DatetimeIndex,
+    splits: Splits | None = None,
+    horizons=(3, 6, 12),
+) -> pd.DataFrame:
     """Masked metrics of both baselines on the test split, one row each (horizons and the 12-step mean).
 
     ``splits`` defaults to DCRNN's protocol for this series. The HA is fitted on
@@ -104,12 +126,16 @@ def baseline_table(speed: np.ndarray, timestamps: pd.DatetimeIndex, splits: Spli
     """
     splits = splits or split_windows(len(speed))
     t_in, t_out = splits.t_in, splits.t_out
-    target = gather(torch.as_tensor(np.asarray(speed, dtype=np.float64)), splits.test, t_out, offset=t_in)
+    target = gather(
+        torch.as_tensor(np.asarray(speed, dtype=np.float64)), splits.test, t_out, offset=t_in
+    )
     table = historical_average_table(speed, timestamps, train_steps(splits))
     rows = {
-        "historical average": horizon_metrics(historical_average(table, timestamps, splits.test, t_in, t_out),
-                                              target, horizons),
-        "last value (copy the present)": horizon_metrics(last_value(speed, splits.test, t_in, t_out), target,
-                                                         horizons),
+        "historical average": horizon_metrics(
+            historical_average(table, timestamps, splits.test, t_in, t_out), target, horizons
+        ),
+        "last value (copy the present)": horizon_metrics(
+            last_value(speed, splits.test, t_in, t_out), target, horizons
+        ),
     }
     return pd.DataFrame(rows).T

@@ -20,7 +20,12 @@ __all__ = ["main", "build_parser"]
 
 # Modules that contribute subcommands: each defines ``add_commands(subparsers)``.
 # Add a module here when it gains a command (keep this the only registry).
-COMMAND_MODULES: tuple[str, ...] = ("diagsink.course", "diagsink.data", "diagsink.train_cli", "diagsink.sweeps")
+COMMAND_MODULES: tuple[str, ...] = (
+    "diagsink.course",
+    "diagsink.data",
+    "diagsink.train_cli",
+    "diagsink.sweeps",
+)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -72,5 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: finished work is kept; rerun the same command to continue.", file=sys.stderr)
+        print(
+            "interrupted: finished work is kept; rerun the same command to continue.",
+            file=sys.stderr,
+        )
         return 130

@@ -34,7 +34,15 @@ import yaml
 
 from .errors import ConfigError
 
-__all__ = ["PROTOCOLS", "SCHEMA", "OPTIONAL", "load_config", "validate_config", "override", "config_hash"]
+__all__ = [
+    "PROTOCOLS",
+    "SCHEMA",
+    "OPTIONAL",
+    "load_config",
+    "validate_config",
+    "override",
+    "config_hash",
+]
 
 PROTOCOLS: tuple[str, ...] = ("paper", "book", "quick")
 
@@ -81,7 +89,9 @@ SCHEMA: dict[str, Any] = {
 OPTIONAL: dict[str, Any] = {"model": {"block_order": "ts"}}
 
 
-def _check(cfg: Any, schema: dict[str, Any], where: str, optional: dict[str, Any] | None = None) -> None:
+def _check(
+    cfg: Any, schema: dict[str, Any], where: str, optional: dict[str, Any] | None = None
+) -> None:
     optional = optional or {}
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where or 'the config'} must be a mapping with keys {sorted(schema)}.")
@@ -116,12 +126,17 @@ def _check(cfg: Any, schema: dict[str, Any], where: str, optional: dict[str, Any
 def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """Check keys, types and ranges; return ``cfg`` unchanged. Raises :class:`ConfigError`."""
     from .attention import DIAG_OPTIONS  # noqa: F401  (documents where the options come from)
+    from .model import check_block_order
     from .positional import POSITIONAL_OPTIONS
 
-    from .model import check_block_order
-
-    if isinstance(cfg, dict) and isinstance(cfg.get("model"), dict) and "block_order" in cfg["model"]:
-        check_block_order(cfg["model"]["block_order"])  # before the type check: its message lists the choices
+    if (
+        isinstance(cfg, dict)
+        and isinstance(cfg.get("model"), dict)
+        and "block_order" in cfg["model"]
+    ):
+        check_block_order(
+            cfg["model"]["block_order"]
+        )  # before the type check: its message lists the choices
     _check(cfg, SCHEMA, "", OPTIONAL)
     m, t, r, d = cfg["model"], cfg["train"], cfg["regularizers"], cfg["data"]
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", cfg["protocol"]):
@@ -138,9 +153,13 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if m[key] < 1:
             raise ConfigError(f"config key model.{key} = {m[key]} must be >= 1.")
     if m["d_model"] % m["n_heads"]:
-        raise ConfigError(f"model.d_model = {m['d_model']} must be divisible by model.n_heads = {m['n_heads']}.")
+        raise ConfigError(
+            f"model.d_model = {m['d_model']} must be divisible by model.n_heads = {m['n_heads']}."
+        )
     if m["pos_encoding"] not in POSITIONAL_OPTIONS:
-        raise ConfigError(f"model.pos_encoding = {m['pos_encoding']!r}; allowed: {POSITIONAL_OPTIONS}.")
+        raise ConfigError(
+            f"model.pos_encoding = {m['pos_encoding']!r}; allowed: {POSITIONAL_OPTIONS}."
+        )
     if not 0 <= m["dropout"] < 1 or not 0 <= r["diag_p"] < 1:
         raise ConfigError("model.dropout and regularizers.diag_p must be probabilities in [0, 1).")
     if not math.isfinite(r["diag_penalty"]):
@@ -151,7 +170,9 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if not 0 < t["min_lr"] <= t["lr"]:
         raise ConfigError(f"need 0 < train.min_lr <= train.lr; got {t['min_lr']} and {t['lr']}.")
     if not 0 <= t["warmup_epochs"] < t["epochs"]:
-        raise ConfigError(f"train.warmup_epochs = {t['warmup_epochs']} must be in [0, train.epochs).")
+        raise ConfigError(
+            f"train.warmup_epochs = {t['warmup_epochs']} must be in [0, train.epochs)."
+        )
     if t["max_train_windows"] is not None and t["max_train_windows"] < 1:
         raise ConfigError("train.max_train_windows must be null (all windows) or >= 1.")
     if t["time_limit_s"] is not None and t["time_limit_s"] <= 0:
@@ -160,7 +181,9 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"data.split_order = {d['split_order']!r}; allowed: dcrnn, split-first.")
     ratios_ok = all(isinstance(x, _NUM) and not isinstance(x, bool) and x >= 0 for x in d["ratios"])
     if len(d["ratios"]) != 3 or not ratios_ok or abs(sum(d["ratios"]) - 1) > 1e-9:
-        raise ConfigError(f"data.ratios = {d['ratios']} must be three fractions (train, val, test) summing to 1.")
+        raise ConfigError(
+            f"data.ratios = {d['ratios']} must be three fractions (train, val, test) summing to 1."
+        )
     if cfg["seeds"] < 1:
         raise ConfigError("seeds must be >= 1.")
     return cfg
@@ -172,12 +195,20 @@ def load_config(protocol: str | Path) -> dict[str, Any]:
     if isinstance(protocol, Path) or str(protocol).endswith((".yaml", ".yml")):
         path = Path(protocol)
         if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist; pass one of {', '.join(PROTOCOLS)} or a YAML path.")
+            raise ConfigError(
+                f"config file {path} does not exist; pass one of {', '.join(PROTOCOLS)} or a YAML path."
+            )
         text = path.read_text(encoding="utf-8")
     else:
         if protocol not in PROTOCOLS:
-            raise ConfigError(f"protocol {protocol!r} is not known; choose one of {', '.join(PROTOCOLS)}.")
-        text = resources.files("diagsink").joinpath("configs", f"{protocol}.yaml").read_text(encoding="utf-8")
+            raise ConfigError(
+                f"protocol {protocol!r} is not known; choose one of {', '.join(PROTOCOLS)}."
+            )
+        text = (
+            resources.files("diagsink")
+            .joinpath("configs", f"{protocol}.yaml")
+            .read_text(encoding="utf-8")
+        )
     try:
         cfg = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -199,10 +230,14 @@ def override(cfg: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
         node, schema = out, SCHEMA
         for p in parents:
             if p not in schema or not isinstance(schema[p], dict):
-                raise ConfigError(f"unknown config section {p!r} in {dotted!r}; sections: model, regularizers, train, data.")
+                raise ConfigError(
+                    f"unknown config section {p!r} in {dotted!r}; sections: model, regularizers, train, data."
+                )
             node, schema = node[p], schema[p]
         if leaf not in schema:
-            raise ConfigError(f"unknown config key {dotted!r}; allowed here: {', '.join(sorted(schema))}.")
+            raise ConfigError(
+                f"unknown config key {dotted!r}; allowed here: {', '.join(sorted(schema))}."
+            )
         node[leaf] = value
     return validate_config(out)
 
@@ -229,4 +264,6 @@ def config_hash(cfg: dict[str, Any]) -> str:
     ``model.block_order: ts`` written out and left out give the same hash.
     """
     canon = _without_defaults(cfg, OPTIONAL)
-    return hashlib.sha256(json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()

@@ -76,7 +76,9 @@ _SOLUTION_START_RE = re.compile(r"^\s*" + _FENCE + r"\{solution-start\}\s*(\S+)"
 _SOLUTION_END_RE = re.compile(r"^\s*" + _FENCE + r"\{solution-end\}", re.MULTILINE)
 _SOLUTION_RE = re.compile(r"^\s*" + _FENCE + r"\{solution\}", re.MULTILINE)
 # a marker cell holds the directive and its options, nothing else
-_START_ALONE_RE = re.compile(r"(`{3,}|:{3,})\{solution-start\}[ \t]*\S+[ \t]*\n(?:[ \t]*:[\w-]+:.*\n)*\s*\1")
+_START_ALONE_RE = re.compile(
+    r"(`{3,}|:{3,})\{solution-start\}[ \t]*\S+[ \t]*\n(?:[ \t]*:[\w-]+:.*\n)*\s*\1"
+)
 _END_ALONE_RE = re.compile(r"(`{3,}|:{3,})\{solution-end\}[ \t]*\n\s*\1")
 
 
@@ -192,7 +194,11 @@ def _defined_names(source: str) -> set[str]:
         tree = ast.parse(source)
     except SyntaxError:
         return set()
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    return {
+        n.name
+        for n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
 
 
 @dataclass
@@ -220,7 +226,9 @@ def _solution_spans(nb) -> tuple[list[tuple[int, int, str]], list[str]]:
         end = _SOLUTION_END_RE.search(src)
         if start:
             if open_at is not None:
-                problems.append(f"cell {i}: solution-start inside the open solution of cell {open_at[0]}")
+                problems.append(
+                    f"cell {i}: solution-start inside the open solution of cell {open_at[0]}"
+                )
             open_at = (i, start.group(1))
         if end:
             if open_at is None:
@@ -229,7 +237,9 @@ def _solution_spans(nb) -> tuple[list[tuple[int, int, str]], list[str]]:
                 spans.append((open_at[0], i, open_at[1]))
                 open_at = None
         if (start or end) and start and end:
-            problems.append(f"cell {i}: put solution-start and solution-end in separate markdown cells")
+            problems.append(
+                f"cell {i}: put solution-start and solution-end in separate markdown cells"
+            )
     if open_at is not None:
         problems.append(f"cell {open_at[0]}: solution-start without a solution-end")
     return spans, problems
@@ -262,7 +272,9 @@ def exercises_of(nb) -> dict[str, Exercise]:
             ex.stub_messages.extend(messages)
         if SOLUTION_TAG in tags:
             span_label = next((lab for s, e, lab in spans if s < i < e), None)
-            get(span_label or f"<solution outside solution-start/-end, cell {i}>").solutions.append(i)
+            get(span_label or f"<solution outside solution-start/-end, cell {i}>").solutions.append(
+                i
+            )
         if CHECK_TAG in tags:
             labels = _check_labels(src)
             for label in labels or [f"<check without a label, cell {i}>"]:
@@ -270,7 +282,9 @@ def exercises_of(nb) -> dict[str, Exercise]:
     return found
 
 
-def exercise_problems(nb, name: str = "notebook", *, registered: Sequence[str] | None = None) -> list[str]:
+def exercise_problems(
+    nb, name: str = "notebook", *, registered: Sequence[str] | None = None
+) -> list[str]:
     """Everything wrong with the exercise pattern of a notebook (empty list: all fine).
 
     Checks: each stub has exactly one solution and one check with the same label; the
@@ -303,7 +317,9 @@ def exercise_problems(nb, name: str = "notebook", *, registered: Sequence[str] |
                     f"tagged {SOLUTION_TAG!r} (otherwise it would leak into the student notebook)"
                 )
             if cell.cell_type == "code" and (STUB_TAG in _tags(cell) or CHECK_TAG in _tags(cell)):
-                problems.append(f"{name} cell {i}: a stub or check cell sits inside the solution of {label}")
+                problems.append(
+                    f"{name} cell {i}: a stub or check cell sits inside the solution of {label}"
+                )
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown" and _SOLUTION_RE.search(_src(cell)):
             problems.append(
@@ -317,24 +333,34 @@ def exercise_problems(nb, name: str = "notebook", *, registered: Sequence[str] |
         if not ex.stubs and not ex.solutions and not ex.checks:
             continue  # an {exercise} without code (a question to answer in words)
         if len(ex.stubs) != 1:
-            problems.append(f"{where}: {len(ex.stubs)} stub cells (tag {STUB_TAG!r}), expected exactly 1")
+            problems.append(
+                f"{where}: {len(ex.stubs)} stub cells (tag {STUB_TAG!r}), expected exactly 1"
+            )
         if len(ex.solutions) != 1:
-            problems.append(f"{where}: {len(ex.solutions)} solution cells (tag {SOLUTION_TAG!r}), expected exactly 1")
+            problems.append(
+                f"{where}: {len(ex.solutions)} solution cells (tag {SOLUTION_TAG!r}), expected exactly 1"
+            )
         if len(ex.checks) != 1:
-            problems.append(f"{where}: {len(ex.checks)} check cells (tag {CHECK_TAG!r}), expected exactly 1")
+            problems.append(
+                f"{where}: {len(ex.checks)} check cells (tag {CHECK_TAG!r}), expected exactly 1"
+            )
         if ex.stubs and ex.stub_messages != [label]:
             problems.append(
                 f"{where}: the stub must raise NotImplementedError({label!r}); it names {ex.stub_messages or 'nothing'}"
             )
         if label not in registered:
-            problems.append(f"{where}: no check registered; add @register({label!r}) in diagsink/exercises/")
+            problems.append(
+                f"{where}: no check registered; add @register({label!r}) in diagsink/exercises/"
+            )
         if not ex.directive:
             problems.append(f"{where}: no {{exercise}} markdown cell with ':label: {label}'")
         if len(ex.stubs) == 1 and len(ex.solutions) == 1:
             stub_names = _defined_names(_src(nb.cells[ex.stubs[0]]))
             sol_names = _defined_names(_src(nb.cells[ex.solutions[0]]))
             if not stub_names <= sol_names:
-                problems.append(f"{where}: the solution does not redefine {sorted(stub_names - sol_names)}")
+                problems.append(
+                    f"{where}: the solution does not redefine {sorted(stub_names - sol_names)}"
+                )
         order = ex.stubs[:1] + ex.solutions[:1] + ex.checks[:1]
         if len(order) == 3 and order != sorted(order):
             problems.append(f"{where}: the cells must come in the order stub, solution, check")
@@ -383,7 +409,9 @@ def _check_out_dir(out: Path) -> Path:
             break
         existing = existing.parent
     if existing.exists() and not existing.is_dir():
-        raise ConfigError(f"--out {out}: {existing} is a file, not a folder; choose a folder for the export.")
+        raise ConfigError(
+            f"--out {out}: {existing} is a file, not a folder; choose a folder for the export."
+        )
     not_writable = PermissionError(
         f"cannot write into {out}: the folder is not writable. Choose a writable folder with --out "
         "(e.g. --out ~/course) or fix its permissions."
@@ -458,7 +486,9 @@ def export(
     root = find_book_root(source)
     out = _check_out_dir(Path(out))
     if _inside(out, root / "book"):
-        raise ConfigError(f"--out {out} overlaps the book sources in {root}; choose a folder outside book/.")
+        raise ConfigError(
+            f"--out {out} overlaps the book sources in {root}; choose a folder outside book/."
+        )
     paths = [Path(p) for p in notebooks] if notebooks is not None else toc_notebooks(root)
     if not paths:
         raise ConfigError(f"no notebook chapters listed in {root / '_toc.yml'}; nothing to export.")
@@ -486,7 +516,9 @@ def export(
         n_ex += sum(1 for ex in exercises_of(nb).values() if ex.stubs)
         prepared.append((name, student_version(nb, rel), instructor_version(nb, rel)))
     if problems:
-        raise ConfigError("the exercise pattern is broken, nothing was exported:\n  " + "\n  ".join(problems))
+        raise ConfigError(
+            "the exercise pattern is broken, nothing was exported:\n  " + "\n  ".join(problems)
+        )
 
     import nbformat
 
@@ -498,7 +530,11 @@ def export(
         for d in (book.iterdir() if book.is_dir() else [])
         if d.is_dir() and not d.is_symlink() and not d.name.startswith(("_", "."))
         for p in d.rglob("*")
-        if p.is_file() and not p.is_symlink() and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(book).parts)
+        if p.is_file()
+        and not p.is_symlink()
+        and not any(
+            part.startswith(".") or part == "__pycache__" for part in p.relative_to(book).parts
+        )
     )
     editions = ["student"] + (["instructor"] if solutions else [])
     out.mkdir(parents=True, exist_ok=True)
@@ -613,7 +649,11 @@ def grade(
             if names:
                 targets.append((label, names[0]))
     run = nbformat.v4.new_notebook(metadata=submitted.metadata)
-    run.cells = [copy.deepcopy(c) for c in submitted.cells if not (c.cell_type == "code" and CHECK_TAG in _tags(c))]
+    run.cells = [
+        copy.deepcopy(c)
+        for c in submitted.cells
+        if not (c.cell_type == "code" and CHECK_TAG in _tags(c))
+    ]
     run.cells.append(nbformat.v4.new_code_cell(_grading_cell(targets)))
     NotebookClient(
         run,
@@ -627,8 +667,13 @@ def grade(
     printed = "".join(o.get("text", "") for o in run.cells[-1].outputs if o.output_type == "stream")
     line = next((ln for ln in printed.splitlines() if ln.startswith(_GRADE_MARK)), None)
     if line is None:
-        errors = [f"{o.ename}: {o.evalue}" for o in run.cells[-1].outputs if o.output_type == "error"]
-        return [Grade(label, "error", "; ".join(errors) or "the grading cell printed nothing") for label, _ in targets]
+        errors = [
+            f"{o.ename}: {o.evalue}" for o in run.cells[-1].outputs if o.output_type == "error"
+        ]
+        return [
+            Grade(label, "error", "; ".join(errors) or "the grading cell printed nothing")
+            for label, _ in targets
+        ]
     found = json.loads(line[len(_GRADE_MARK) :])
     return [Grade(label, *found[label]) for label, _ in targets]
 
@@ -652,13 +697,17 @@ def _cmd_grade(args: argparse.Namespace) -> int:
     report: dict[str, list[dict[str, str]]] = {}
     for notebook in args.notebooks:
         if not Path(notebook).is_file():
-            raise FileNotFoundError(f"{notebook} does not exist: pass the path of a submitted .ipynb")
+            raise FileNotFoundError(
+                f"{notebook} does not exist: pass the path of a submitted .ipynb"
+            )
         grades = grade(notebook, source=args.source, timeout=args.timeout)
         passed = sum(g.status == "pass" for g in grades)
         print(f"{notebook}: {passed}/{len(grades)} passed")
         for g in grades:
             print(f"  {g.status:14s} {g.label}  {g.message}")
-        report[str(notebook)] = [{"label": g.label, "status": g.status, "message": g.message} for g in grades]
+        report[str(notebook)] = [
+            {"label": g.label, "status": g.status, "message": g.message} for g in grades
+        ]
     if args.json:
         atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
         print(f"grades written to {args.json}")
@@ -691,14 +740,24 @@ def add_commands(subparsers) -> None:
         description="Write student notebooks (solution cells removed, stubs and checks kept, outputs "
         "empty) and instructor notebooks (everything) from the chapters in _toc.yml.",
     )
-    exp.add_argument("--out", default="course_export", metavar="DIR", help="output folder (default: course_export)")
+    exp.add_argument(
+        "--out",
+        default="course_export",
+        metavar="DIR",
+        help="output folder (default: course_export)",
+    )
     exp.add_argument(
         "--solutions",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also write DIR/instructor with the solutions (default: yes)",
     )
-    exp.add_argument("--source", default=None, metavar="ROOT", help="folder holding _toc.yml (default: found from here)")
+    exp.add_argument(
+        "--source",
+        default=None,
+        metavar="ROOT",
+        help="folder holding _toc.yml (default: found from here)",
+    )
     exp.set_defaults(func=_cmd_export)
 
     grd = sub.add_parser(
@@ -711,9 +770,19 @@ def add_commands(subparsers) -> None:
     grd.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="submitted .ipynb files")
     grd.add_argument("--json", default=None, metavar="FILE", help="also write the grades as JSON")
     grd.add_argument("--timeout", type=int, default=600, help="seconds per cell (default: 600)")
-    grd.add_argument("--source", default=None, metavar="ROOT", help="folder holding _toc.yml (default: found from here)")
+    grd.add_argument(
+        "--source",
+        default=None,
+        metavar="ROOT",
+        help="folder holding _toc.yml (default: found from here)",
+    )
     grd.set_defaults(func=_cmd_grade)
 
     chk = sub.add_parser("check", help="check the exercise pattern of every chapter (no execution)")
-    chk.add_argument("--source", default=None, metavar="ROOT", help="folder holding _toc.yml (default: found from here)")
+    chk.add_argument(
+        "--source",
+        default=None,
+        metavar="ROOT",
+        help="folder holding _toc.yml (default: found from here)",
+    )
     chk.set_defaults(func=_cmd_check)

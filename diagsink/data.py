@@ -175,7 +175,10 @@ def _missing_files(root: Path) -> list[str]:
 
 def missing_files_message(root: Path, missing: list[str]) -> str:
     """The error text for missing files: which files, where, and how to get them."""
-    return f"METR-LA files missing in {root}: {', '.join(missing)}. To fix: " + DOWNLOAD_HINT.format(root=root)
+    return (
+        f"METR-LA files missing in {root}: {', '.join(missing)}. To fix: "
+        + DOWNLOAD_HINT.format(root=root)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,7 +198,9 @@ def read_sensor_ids(path: str | Path) -> list[str]:
             "Fix: replace it with DCRNN's data/sensor_graph/graph_sensor_ids.txt (`diagsink data download`)."
         )
     if len(set(ids)) != len(ids):
-        raise DataError(f"{path} lists some sensor ids twice. Fix: replace it with DCRNN's graph_sensor_ids.txt.")
+        raise DataError(
+            f"{path} lists some sensor ids twice. Fix: replace it with DCRNN's graph_sensor_ids.txt."
+        )
     return ids
 
 
@@ -285,7 +290,9 @@ class _SafePickle:
         return getattr(pickle, name)
 
     def loads(self, data, *, encoding: str = "ASCII", errors: str = "strict", **_ignored):
-        unpickler = _HDFAttributeUnpickler(io.BytesIO(bytes(data)), encoding=encoding, errors=errors)
+        unpickler = _HDFAttributeUnpickler(
+            io.BytesIO(bytes(data)), encoding=encoding, errors=errors
+        )
         unpickler.refused = self.refused
         return unpickler.load()
 
@@ -340,7 +347,12 @@ def load_adj_pickle(path: str | Path) -> tuple[list[str], dict[str, int], np.nda
             "probably truncated or corrupt. Fix: delete it and run `diagsink data download`."
         ) from exc
     ok = isinstance(obj, (tuple, list)) and len(obj) == 3 and isinstance(obj[2], np.ndarray)
-    if not ok or obj[2].ndim != 2 or obj[2].shape[0] != obj[2].shape[1] or len(obj[0]) != obj[2].shape[0]:
+    if (
+        not ok
+        or obj[2].ndim != 2
+        or obj[2].shape[0] != obj[2].shape[1]
+        or len(obj[0]) != obj[2].shape[0]
+    ):
         raise DataError(
             f"{path} does not hold (sensor_ids, sensor_id_to_ind, adj_mx) with a square matrix. "
             "Fix: replace it with DCRNN's data/sensor_graph/adj_mx.pkl."
@@ -365,9 +377,13 @@ def read_adjacency(root: Path, sensor_ids: list[str]) -> np.ndarray:
         raise DataError(missing_files_message(root, ["adj_mx.pkl"]))
     n = len(sensor_ids)
     if adj.shape != (n, n):
-        raise DataError(f"the adjacency in {root} is {adj.shape}, expected ({n}, {n}). Fix: `diagsink data download`.")
+        raise DataError(
+            f"the adjacency in {root} is {adj.shape}, expected ({n}, {n}). Fix: `diagsink data download`."
+        )
     if not np.isfinite(adj).all() or (adj < 0).any():
-        raise DataError(f"the adjacency in {root} has NaN, inf or negative weights. Fix: `diagsink data download`.")
+        raise DataError(
+            f"the adjacency in {root} has NaN, inf or negative weights. Fix: `diagsink data download`."
+        )
     return np.ascontiguousarray(adj, dtype=np.float32)
 
 
@@ -407,7 +423,9 @@ def read_speed(path: str | Path) -> pd.DataFrame:
             f"`diagsink data download --root {path.parent}`, or copy it again."
         ) from exc
     if not isinstance(df, pd.DataFrame):
-        raise DataError(f"{path} holds a {type(df).__name__}, not a DataFrame. Fix: `diagsink data download`.")
+        raise DataError(
+            f"{path} holds a {type(df).__name__}, not a DataFrame. Fix: `diagsink data download`."
+        )
     return df
 
 
@@ -431,19 +449,30 @@ def _read_fixed_arrays(path: Path) -> tuple[np.ndarray, pd.DatetimeIndex, list[s
         if not isinstance(group, tables.Group):
             return None
         names = set(group._v_children)
-        if not {"axis0", "axis1", "block0_items", "block0_values"} <= names or "block1_values" in names:
+        if (
+            not {"axis0", "axis1", "block0_items", "block0_values"} <= names
+            or "block1_values" in names
+        ):
             return None
         attrs = group._v_attrs
-        if _text(getattr(attrs, "pandas_type", "")) != "frame" or int(getattr(attrs, "nblocks", 0)) != 1:
+        if (
+            _text(getattr(attrs, "pandas_type", "")) != "frame"
+            or int(getattr(attrs, "nblocks", 0)) != 1
+        ):
             return None
         values_node = group.block0_values
         index_node = group.axis1
         index_attrs = index_node._v_attrs
         kind = _text(getattr(index_attrs, "kind", ""))
-        if (values_node.dtype != np.float64 or values_node.ndim != 2 or not kind.startswith("datetime64")
-                or "tz" in index_attrs._v_attrnames or not bool(getattr(values_node._v_attrs, "transposed", False))):
+        if (
+            values_node.dtype != np.float64
+            or values_node.ndim != 2
+            or not kind.startswith("datetime64")
+            or "tz" in index_attrs._v_attrnames
+            or not bool(getattr(values_node._v_attrs, "transposed", False))
+        ):
             return None
-        unit = kind[len("datetime64["):-1] if "[" in kind else "ns"
+        unit = kind[len("datetime64[") : -1] if "[" in kind else "ns"
         columns = [_text(c) for c in group.axis0.read()]
         if [_text(c) for c in group.block0_items.read()] != columns:
             return None
@@ -474,8 +503,13 @@ def read_speed_arrays(path: str | Path) -> tuple[np.ndarray, pd.DatetimeIndex, l
     return frame.to_numpy(dtype=np.float64, copy=True), frame.index, list(frame.columns)
 
 
-def validate_speed_frame(df: pd.DataFrame, sensor_ids: list[str], *, path: Path | str = "speed file",
-                         require_full: bool = False) -> tuple[np.ndarray, pd.DatetimeIndex]:
+def validate_speed_frame(
+    df: pd.DataFrame,
+    sensor_ids: list[str],
+    *,
+    path: Path | str = "speed file",
+    require_full: bool = False,
+) -> tuple[np.ndarray, pd.DatetimeIndex]:
     """Check a speed frame and return ``(speed float64 [T, N], timestamps [T])``.
 
     Checks: columns equal ``sensor_ids`` in order, a DatetimeIndex that is contiguous at 5
@@ -485,18 +519,33 @@ def validate_speed_frame(df: pd.DataFrame, sensor_ids: list[str], *, path: Path 
     Raises:
         DataError: naming the first problem found and the fix.
     """
-    return validate_speed(df.to_numpy(dtype=np.float64, copy=True), df.index, list(df.columns), sensor_ids,
-                          path=path, require_full=require_full)
+    return validate_speed(
+        df.to_numpy(dtype=np.float64, copy=True),
+        df.index,
+        list(df.columns),
+        sensor_ids,
+        path=path,
+        require_full=require_full,
+    )
 
 
-def validate_speed(speed: np.ndarray, index, columns: list, sensor_ids: list[str], *,
-                   path: Path | str = "speed file", require_full: bool = False) -> tuple[np.ndarray, pd.DatetimeIndex]:
+def validate_speed(
+    speed: np.ndarray,
+    index,
+    columns: list,
+    sensor_ids: list[str],
+    *,
+    path: Path | str = "speed file",
+    require_full: bool = False,
+) -> tuple[np.ndarray, pd.DatetimeIndex]:
     """:func:`validate_speed_frame` on the parts of a frame: values ``[T, N]``, index, columns."""
     cols = [str(c).strip() for c in columns]
     if cols != list(sensor_ids):
         extra = [c for c in cols if c not in set(sensor_ids)]
         if len(cols) != len(sensor_ids) or extra:
-            detail = f"{len(cols)} columns, expected {len(sensor_ids)}" + (f"; unknown ids e.g. {extra[:3]}" if extra else "")
+            detail = f"{len(cols)} columns, expected {len(sensor_ids)}" + (
+                f"; unknown ids e.g. {extra[:3]}" if extra else ""
+            )
         else:
             i = next(k for k, (a, b) in enumerate(zip(cols, sensor_ids)) if a != b)
             detail = f"same ids in another order (first difference at column {i}: {cols[i]} vs {sensor_ids[i]})"
@@ -526,8 +575,10 @@ def validate_speed(speed: np.ndarray, index, columns: list, sensor_ids: list[str
                 "with 0 (df.reindex(pd.date_range(start, end, freq='5min'), fill_value=0)), or use an unmodified metr-la.h5."
             )
     if speed.shape != (len(index), len(cols)):
-        raise DataError(f"{path}: values {speed.shape} do not match {len(index)} timestamps x {len(cols)} columns. "
-                        "Fix: use an unmodified metr-la.h5 (`diagsink data download`).")
+        raise DataError(
+            f"{path}: values {speed.shape} do not match {len(index)} timestamps x {len(cols)} columns. "
+            "Fix: use an unmodified metr-la.h5 (`diagsink data download`)."
+        )
     finite = np.isfinite(speed)
     if not finite.all():
         r, c = np.argwhere(~finite)[0]
@@ -543,7 +594,11 @@ def validate_speed(speed: np.ndarray, index, columns: list, sensor_ids: list[str
             "Speeds are >= 0 and 0 means missing. Fix: use an unmodified metr-la.h5 (`diagsink data download`)."
         )
     if require_full:
-        if speed.shape != (FULL_STEPS, N_SENSORS) or index[0] != FULL_START or index[-1] != FULL_END:
+        if (
+            speed.shape != (FULL_STEPS, N_SENSORS)
+            or index[0] != FULL_START
+            or index[-1] != FULL_END
+        ):
             raise DataError(
                 f"{path} is {speed.shape[0]} x {speed.shape[1]} from {index[0]} to {index[-1]}; the full METR-LA is "
                 f"{FULL_STEPS} x {N_SENSORS} from {FULL_START} to {FULL_END}. Fix: download the complete file "
@@ -591,7 +646,9 @@ def load_metr_la(root: str | Path | None = None, *, download: bool | None = None
     path = find_speed_file(folder)
     assert path is not None
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # pytables' NaturalNameWarning etc. are not the user's problem
+        warnings.simplefilter(
+            "ignore"
+        )  # pytables' NaturalNameWarning etc. are not the user's problem
         values, index, columns = read_speed_arrays(path)
     speed, timestamps = validate_speed(values, index, columns, sensor_ids, path=path)
     is_full = speed.shape[0] == FULL_STEPS and timestamps[0] == FULL_START
@@ -629,7 +686,10 @@ def _cmd_info(args) -> int:
         path = folder / name
         if path.is_file():
             sha = manifest.get(name, {}).get("sha256")
-            print(f"  {name:32s} {path.stat().st_size:>12,d} bytes" + (f"  sha256 {sha[:16]}... (manifest)" if sha else ""))
+            print(
+                f"  {name:32s} {path.stat().st_size:>12,d} bytes"
+                + (f"  sha256 {sha[:16]}... (manifest)" if sha else "")
+            )
     missing = _missing_files(folder)
     if missing:
         raise DataError(missing_files_message(folder, missing))
@@ -647,14 +707,20 @@ def _cmd_verify(args) -> int:
     print(f"sha256 {data.sha256}")
     if recorded:
         if recorded != data.sha256:
-            raise DataError(f"{data.path} changed since it was downloaded (manifest sha256 {recorded}). "
-                            "Fix: run `diagsink data download --force`.")
+            raise DataError(
+                f"{data.path} changed since it was downloaded (manifest sha256 {recorded}). "
+                "Fix: run `diagsink data download --force`."
+            )
         print("matches manifest.json")
     if data.is_full:
         note = "matches" if data.sha256 == EXPECTED_SHA256 else "differs from"
-        print(f"{note} the third-party reference sha256 (unverified; the structural check above is what counts)")
+        print(
+            f"{note} the third-party reference sha256 (unverified; the structural check above is what counts)"
+        )
     else:
-        print("PARTIAL data: results computed on it are not comparable with published METR-LA numbers")
+        print(
+            "PARTIAL data: results computed on it are not comparable with published METR-LA numbers"
+        )
     return 0
 
 
@@ -667,7 +733,11 @@ def add_commands(subparsers) -> None:
     info = sub.add_parser("info", help="show which METR-LA files are present and what they hold")
     verify = sub.add_parser("verify", help="check the METR-LA files (structure, checksums)")
     for p in (dl, info, verify):
-        p.add_argument("--root", default=None, help="data folder (default: DIAGSINK_DATA, else ~/.cache/diagsink/metr-la)")
+        p.add_argument(
+            "--root",
+            default=None,
+            help="data folder (default: DIAGSINK_DATA, else ~/.cache/diagsink/metr-la)",
+        )
     dl.add_argument("--force", action="store_true", help="download again even if the files exist")
     dl.add_argument("--no-progress", action="store_true", help="no progress bar")
     dl.set_defaults(func=_cmd_download)

@@ -58,7 +58,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -113,7 +112,9 @@ def env_info() -> EnvInfo:
             "(or `diagsink train ... --distributed N`)."
         ) from None
     if not (0 <= info.rank < info.world_size and 0 <= info.local_rank):
-        raise ConfigError(f"inconsistent torchrun environment {info}; start the command with torchrun.")
+        raise ConfigError(
+            f"inconsistent torchrun environment {info}; start the command with torchrun."
+        )
     return info
 
 
@@ -174,7 +175,9 @@ def shard_batch(starts: torch.Tensor, rank: int, world_size: int) -> torch.Tenso
     return torch.tensor_split(starts, world_size)[rank]
 
 
-def rank_loss(pred: torch.Tensor, target: torch.Tensor, count: torch.Tensor | float, world_size: int) -> torch.Tensor:
+def rank_loss(
+    pred: torch.Tensor, target: torch.Tensor, count: torch.Tensor | float, world_size: int
+) -> torch.Tensor:
     """``W * S_r / n``: the loss one rank backpropagates so that DDP's *average* is the global gradient.
 
     ``S_r = sum(|pred - target|)`` over this shard's observed targets (``target != 0``),
@@ -268,8 +271,10 @@ class DDPContext(SingleProcess):
         dist.all_reduce(stats)
         total, count = stats[0], stats[1]
         if float(count) == 0:
-            raise DataError("masked_mae: every target of this global batch is missing (0); the loss is undefined. "
-                            "Fix: a larger train.batch_size.")
+            raise DataError(
+                "masked_mae: every target of this global batch is missing (0); the loss is undefined. "
+                "Fix: a larger train.batch_size."
+            )
         local = err * self.world_size / count
         return local + (total / count - local).detach()
 
@@ -292,7 +297,9 @@ def context() -> SingleProcess:
 
 
 # -- command line ---------------------------------------------------------------------------------------
-def launch_command(parser: argparse.ArgumentParser, args: argparse.Namespace, nproc: int) -> list[str]:
+def launch_command(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, nproc: int
+) -> list[str]:
     """``python -m torch.distributed.run --standalone --nproc_per_node=N -m diagsink <command> <options>``.
 
     The options are rebuilt from ``args`` (everything except ``--distributed``).
@@ -308,8 +315,16 @@ def launch_command(parser: argparse.ArgumentParser, args: argparse.Namespace, np
                 argv.append(flag)
         elif value is not None:
             argv += [flag, str(value)]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "diagsink", *argv]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "diagsink",
+        *argv,
+    ]
 
 
 def _nproc(text: str) -> int | str:
@@ -324,8 +339,11 @@ def _nproc(text: str) -> int | str:
     return value
 
 
-def _distributed_command(parser: argparse.ArgumentParser, func: Callable[[argparse.Namespace], int],
-                         args: argparse.Namespace) -> int:
+def _distributed_command(
+    parser: argparse.ArgumentParser,
+    func: Callable[[argparse.Namespace], int],
+    args: argparse.Namespace,
+) -> int:
     if in_torchrun():  # a worker: join the group, run the command on this rank's device, leave
         with session(args.device) as device:
             args.device = str(device)
@@ -348,10 +366,14 @@ def _default_nproc(device: str | None) -> int:
 def add_distributed(parser: argparse.ArgumentParser) -> None:
     """Give a command ``--distributed N`` and make it run under torchrun (see the module docstring)."""
     parser.add_argument(
-        "--distributed", nargs="?", type=_nproc, const="auto", default=None, metavar="N",
+        "--distributed",
+        nargs="?",
+        type=_nproc,
+        const="auto",
+        default=None,
+        metavar="N",
         help="data-parallel training on N processes of this machine via torchrun (default N: one per GPU, "
-             "2 on a CPU); under torchrun itself this is automatic",
+        "2 on a CPU); under torchrun itself this is automatic",
     )
     func = parser.get_default("func")
     parser.set_defaults(func=functools.partial(_distributed_command, parser, func))
-

@@ -89,13 +89,26 @@ OPTIONAL_GRAPH_BLOBS: dict[str, str] = {
 }
 #: Mirrors of the speed matrix, tried in this order.
 SPEED_MIRRORS: list[Mirror] = [
-    Mirror("https://huggingface.co/datasets/MintBruce/SkyTraffic/resolve/main/metr-la.h5",
-           note="Hugging Face MintBruce/SkyTraffic"),
-    Mirror("https://zenodo.org/records/5724362/files/metr-la.h5?download=1", note="Zenodo record 5724362"),
-    Mirror("https://drive.switch.ch/index.php/s/Z8cKHAVyiDqkzaG/download", kind="zip", member="metr_la.h5",
-           note="torch-spatiotemporal (tsl) MetrLA.url"),
-    Mirror("https://huggingface.co/datasets/TorchSpatiotemporal/ProcessedDatasets/resolve/v1.0.0/traffic/metr_la.zip",
-           kind="zip", member="metr_la.h5", note="Hugging Face TorchSpatiotemporal"),
+    Mirror(
+        "https://huggingface.co/datasets/MintBruce/SkyTraffic/resolve/main/metr-la.h5",
+        note="Hugging Face MintBruce/SkyTraffic",
+    ),
+    Mirror(
+        "https://zenodo.org/records/5724362/files/metr-la.h5?download=1",
+        note="Zenodo record 5724362",
+    ),
+    Mirror(
+        "https://drive.switch.ch/index.php/s/Z8cKHAVyiDqkzaG/download",
+        kind="zip",
+        member="metr_la.h5",
+        note="torch-spatiotemporal (tsl) MetrLA.url",
+    ),
+    Mirror(
+        "https://huggingface.co/datasets/TorchSpatiotemporal/ProcessedDatasets/resolve/v1.0.0/traffic/metr_la.zip",
+        kind="zip",
+        member="metr_la.h5",
+        note="Hugging Face TorchSpatiotemporal",
+    ),
 ]
 #: Size in bytes of metr-la.h5 according to ONE third-party Git LFS pointer (unverified, so a mismatch only warns).
 EXPECTED_SIZE = 57_038_056
@@ -140,8 +153,18 @@ def fetch(url: str, dest: Path, *, progress: bool = True, desc: str | None = Non
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
-            with open(dest, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                               desc=desc or dest.name, disable=not progress, leave=False) as bar:
+            with (
+                open(dest, "wb") as out,
+                tqdm(
+                    total=total,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    desc=desc or dest.name,
+                    disable=not progress,
+                    leave=False,
+                ) as bar,
+            ):
                 while True:
                     block = response.read(CHUNK)
                     if not block:
@@ -152,7 +175,9 @@ def fetch(url: str, dest: Path, *, progress: bool = True, desc: str | None = Non
                 out.flush()
                 os.fsync(out.fileno())
         if total is not None and received != total:
-            raise DataError(f"the transfer from {url} stopped after {received} of {total} bytes (interrupted)")
+            raise DataError(
+                f"the transfer from {url} stopped after {received} of {total} bytes (interrupted)"
+            )
     except DataError:
         dest.unlink(missing_ok=True)
         raise
@@ -224,8 +249,9 @@ def _check_graph_structure(path: Path, name: str) -> None:
         D.load_adj_pickle(path)
 
 
-def download_graph_files(root: str | Path, *, progress: bool = True, force: bool = False,
-                         optional: bool = True) -> list[str]:
+def download_graph_files(
+    root: str | Path, *, progress: bool = True, force: bool = False, optional: bool = True
+) -> list[str]:
     """Fetch DCRNN's graph files into ``root``; return the warnings (empty when all is as expected).
 
     A file whose git blob id differs from :data:`GRAPH_BLOBS` is kept only if it passes the
@@ -250,17 +276,27 @@ def download_graph_files(root: str | Path, *, progress: bool = True, force: bool
             file_warns = []
             if got != blob:
                 _check_graph_file(part, name)  # raises if the content is not usable
-                file_warns.append(f"{name}: git blob {got} differs from DCRNN's {blob}, but the file is well-formed")
+                file_warns.append(
+                    f"{name}: git blob {got} differs from DCRNN's {blob}, but the file is well-formed"
+                )
             os.replace(part, final)
         except DataError as exc:
             if name in OPTIONAL_GRAPH_BLOBS:
-                warns.append(f"optional {name} not downloaded ({exc}); only needed to rebuild the adjacency")
+                warns.append(
+                    f"optional {name} not downloaded ({exc}); only needed to rebuild the adjacency"
+                )
                 continue
-            raise DataError(f"could not download {name}: {exc}. {offline_instructions(root)}") from exc
+            raise DataError(
+                f"could not download {name}: {exc}. {offline_instructions(root)}"
+            ) from exc
         finally:
             part.unlink(missing_ok=True)
         warns.extend(file_warns)
-        _record(root, name, _entry(final, url, "git blob id" if not file_warns else "structure", file_warns))
+        _record(
+            root,
+            name,
+            _entry(final, url, "git blob id" if not file_warns else "structure", file_warns),
+        )
     return warns
 
 
@@ -292,12 +328,16 @@ def _check_speed(path: Path, root: Path) -> list[str]:
     warns = []
     size = path.stat().st_size
     if EXPECTED_SIZE and size != EXPECTED_SIZE:
-        warns.append(f"metr-la.h5 is {size} bytes, not the {EXPECTED_SIZE} of the (unverified) reference; "
-                     "its structure is right, so it is kept")
+        warns.append(
+            f"metr-la.h5 is {size} bytes, not the {EXPECTED_SIZE} of the (unverified) reference; "
+            "its structure is right, so it is kept"
+        )
     digest = sha256_file(path)
     if EXPECTED_SHA256 and digest != EXPECTED_SHA256:
-        warns.append(f"metr-la.h5 has sha256 {digest}, not the (unverified) reference {EXPECTED_SHA256[:12]}...; "
-                     "its structure is right, so it is kept")
+        warns.append(
+            f"metr-la.h5 has sha256 {digest}, not the (unverified) reference {EXPECTED_SHA256[:12]}...; "
+            "its structure is right, so it is kept"
+        )
     return warns
 
 
@@ -322,11 +362,18 @@ def download_speed(root: str | Path, *, progress: bool = True, force: bool = Fal
         zpart = root / "metr-la.zip.part"
         try:
             if mirror.kind == "zip":
-                fetch(mirror.url, zpart, progress=progress, desc=f"metr-la ({mirror.note or 'zip'})")
+                fetch(
+                    mirror.url, zpart, progress=progress, desc=f"metr-la ({mirror.note or 'zip'})"
+                )
                 _extract(zpart, mirror.member, part)
                 zpart.unlink(missing_ok=True)
             else:
-                fetch(mirror.url, part, progress=progress, desc=f"metr-la.h5 ({mirror.note or 'mirror'})")
+                fetch(
+                    mirror.url,
+                    part,
+                    progress=progress,
+                    desc=f"metr-la.h5 ({mirror.note or 'mirror'})",
+                )
             warns = _check_speed(part, root)
             os.replace(part, final)
         except Exception as exc:  # a bad mirror: note why, try the next one
@@ -337,14 +384,23 @@ def download_speed(root: str | Path, *, progress: bool = True, force: bool = Fal
             zpart.unlink(missing_ok=True)
         for w in warns:
             warnings.warn(w, stacklevel=2)
-        _record(root, "metr-la.h5", _entry(final, mirror.url, "structure: 34272 x 207, 5-min index, column order", warns))
+        _record(
+            root,
+            "metr-la.h5",
+            _entry(final, mirror.url, "structure: 34272 x 207, 5-min index, column order", warns),
+        )
         return warns
     raise DataError(
-        "could not download metr-la.h5 from any mirror:\n  " + "\n  ".join(failures) + "\n" + offline_instructions(root)
+        "could not download metr-la.h5 from any mirror:\n  "
+        + "\n  ".join(failures)
+        + "\n"
+        + offline_instructions(root)
     )
 
 
-def download_metr_la(root: str | Path | None = None, *, progress: bool = True, force: bool = False) -> Path:
+def download_metr_la(
+    root: str | Path | None = None, *, progress: bool = True, force: bool = False
+) -> Path:
     """Download the graph files and the full speed matrix into ``root`` (default: the data folder).
 
     Files already present are kept unless ``force``. Returns the folder.
@@ -355,11 +411,15 @@ def download_metr_la(root: str | Path | None = None, *, progress: bool = True, f
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DataError(f"cannot create the data folder {folder} ({exc.strerror}). Fix: pass --root with a "
-                        "writable folder or set DIAGSINK_DATA.") from exc
+        raise DataError(
+            f"cannot create the data folder {folder} ({exc.strerror}). Fix: pass --root with a "
+            "writable folder or set DIAGSINK_DATA."
+        ) from exc
     if not os.access(folder, os.W_OK):
-        raise DataError(f"the data folder {folder} is not writable. Fix: pass --root with a writable folder "
-                        "or set DIAGSINK_DATA to one.")
+        raise DataError(
+            f"the data folder {folder} is not writable. Fix: pass --root with a writable folder "
+            "or set DIAGSINK_DATA to one."
+        )
     download_graph_files(folder, progress=progress, force=force)
     download_speed(folder, progress=progress, force=force)
     return folder

@@ -31,7 +31,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["DiffusionGraphConv", "adaptive_adjacency", "released_code_contraction", "receptive_field"]
+__all__ = [
+    "DiffusionGraphConv",
+    "adaptive_adjacency",
+    "released_code_contraction",
+    "receptive_field",
+]
 
 
 def adaptive_adjacency(e1: torch.Tensor, e2: torch.Tensor) -> torch.Tensor:
@@ -124,7 +129,9 @@ class DiffusionGraphConv(nn.Module):
     ) -> None:
         super().__init__()
         if not (isinstance(order, int) and order >= 1):
-            raise ValueError(f"order={order!r} must be a positive integer (the number of diffusion hops).")
+            raise ValueError(
+                f"order={order!r} must be a positive integer (the number of diffusion hops)."
+            )
         supports = [torch.as_tensor(s, dtype=torch.float32) for s in supports]
         if not supports and not adaptive:
             raise ValueError(
@@ -134,10 +141,14 @@ class DiffusionGraphConv(nn.Module):
         sizes = {tuple(s.shape) for s in supports}
         if n_nodes is None:
             if not supports:
-                raise ValueError("adaptive-only DiffusionGraphConv needs n_nodes (the number of sensors).")
+                raise ValueError(
+                    "adaptive-only DiffusionGraphConv needs n_nodes (the number of sensors)."
+                )
             n_nodes = supports[0].shape[0]
         if any(shape != (n_nodes, n_nodes) for shape in sizes):
-            raise ValueError(f"every support must be [N, N] with N={n_nodes}; got shapes {sorted(sizes)}.")
+            raise ValueError(
+                f"every support must be [N, N] with N={n_nodes}; got shapes {sorted(sizes)}."
+            )
         self.channels = channels
         self.order = order
         self.n_nodes = n_nodes
@@ -149,7 +160,9 @@ class DiffusionGraphConv(nn.Module):
         # no rebuild per forward pass and no gradient for them in the backward pass
         cached = supports if self._cache_powers else []
         with torch.no_grad():
-            self.register_buffer("fixed_powers", _stacked_powers(cached, order, n_nodes), persistent=False)
+            self.register_buffer(
+                "fixed_powers", _stacked_powers(cached, order, n_nodes), persistent=False
+            )
         self.adaptive = adaptive
         if adaptive:
             self.e1 = nn.Parameter(torch.randn(n_nodes, embed_dim))
@@ -174,7 +187,9 @@ class DiffusionGraphConv(nn.Module):
         if not self.adaptive:
             return self.fixed_powers
         learned = self.adaptive_powers()
-        return torch.cat([self.fixed_powers.to(learned.dtype), learned]) if self.n_fixed else learned
+        return (
+            torch.cat([self.fixed_powers.to(learned.dtype), learned]) if self.n_fixed else learned
+        )
 
     def adaptive_powers(self) -> torch.Tensor:
         """``[A, A^2, ..., A^K]`` of the adaptive adjacency ``A`` as ``[K, N, N]`` (differentiable)."""
@@ -211,7 +226,9 @@ class DiffusionGraphConv(nn.Module):
         spatial = None
         for stacked, w in groups:
             k = stacked.shape[0]
-            mixed = (stacked.to(x.dtype).reshape(k * n, n) @ flat).reshape(k, n * b * t, c)  # message passing
+            mixed = (stacked.to(x.dtype).reshape(k * n, n) @ flat).reshape(
+                k, n * b * t, c
+            )  # message passing
             part = torch.bmm(mixed, w.to(mixed.dtype)).sum(0)  # [N B T, D]
             spatial = part if spatial is None else spatial + part
         spatial = spatial.reshape(n, b, t, d).permute(1, 2, 0, 3)  # [B, T, N, D]

@@ -71,7 +71,9 @@ KINDS = ("off", "diag")
 # ----------------------------------------------------------------------------------------
 # the pieces of the closed form
 # ----------------------------------------------------------------------------------------
-def _check_supported(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | None) -> None:
+def _check_supported(
+    layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | None
+) -> None:
     """Raise :class:`ConfigError` (a ``ValueError``) for what the closed form does not cover."""
     if not isinstance(layer, TemporalAttention):
         raise ConfigError(f"expected a ds.TemporalAttention layer, got {type(layer).__name__}.")
@@ -143,7 +145,11 @@ def _heads(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | No
     Wv = layer.v_proj.weight.reshape(H, d, C)
     Wo = _out_weight(layer, x).reshape(C, H, d).permute(1, 0, 2)  # [H, C, d]: W_O^h
     M = Wo @ Wv  # [H, C, C]
-    bq = layer.q_proj.bias.reshape(H, d) if layer.q_proj.bias is not None else torch.zeros(H, d, dtype=x.dtype, device=x.device)
+    bq = (
+        layer.q_proj.bias.reshape(H, d)
+        if layer.q_proj.bias is not None
+        else torch.zeros(H, d, dtype=x.dtype, device=x.device)
+    )
     z = torch.einsum("hac,tc->hta", M, u)  # z_t = M u_t
     zbar = alpha @ z  # [H, T, C]
     r = q @ Wk  # [H, T, C]: W_Kᵀ q_i
@@ -275,7 +281,9 @@ def block_norms(
     """
     p = _heads(layer, x, dropped)
     T, C = x.shape
-    rows = torch.arange(T, device=x.device) if rows is None else torch.as_tensor(rows, device=x.device)
+    rows = (
+        torch.arange(T, device=x.device) if rows is None else torch.as_tensor(rows, device=x.device)
+    )
     R = len(rows)
     eye = torch.eye(C, dtype=x.dtype, device=x.device)
     qblocks = _query_blocks(p)  # [T, C, C]
@@ -452,14 +460,18 @@ def init_layer(
     return layer.eval()
 
 
-def sphere_inputs(length: int, d_model: int, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+def sphere_inputs(
+    length: int, d_model: int, generator: torch.Generator, dtype=torch.float64
+) -> torch.Tensor:
     """``[T, C]`` random directions scaled to norm ``sqrt(C)`` -- what a LayerNorm (unit gain,
     zero shift) hands to the next block, and a bounded input set for every ``T``."""
     g = torch.randn(length, d_model, generator=generator, dtype=dtype)
     return g / g.norm(dim=-1, keepdim=True) * math.sqrt(d_model)
 
 
-def gaussian_inputs(length: int, d_model: int, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+def gaussian_inputs(
+    length: int, d_model: int, generator: torch.Generator, dtype=torch.float64
+) -> torch.Tensor:
     """``[T, C]`` standard normal entries (unbounded: ``max_j ‖x_j‖`` grows slowly with ``T``)."""
     return torch.randn(length, d_model, generator=generator, dtype=dtype)
 
@@ -594,9 +606,13 @@ def sensitivity_vs_length(
         raise ConfigError("pass either layer= (fixed weights) or layer_factory=, not both.")
     lengths = [int(t) for t in lengths]
     if any(t < 2 for t in lengths):
-        raise ConfigError(f"lengths={lengths}: every T must be ≥ 2 (off-diagonal blocks need two steps).")
+        raise ConfigError(
+            f"lengths={lengths}: every T must be ≥ 2 (off-diagonal blocks need two steps)."
+        )
     factory = layer_factory or (lambda s: init_layer(seed=s))
-    layers = [layer] * n_samples if layer is not None else [factory(seed + s) for s in range(n_samples)]
+    layers = (
+        [layer] * n_samples if layer is not None else [factory(seed + s) for s in range(n_samples)]
+    )
     C = layers[0].d_model
     dtype = next(layers[0].parameters()).dtype
     if inputs == "sphere":
@@ -606,7 +622,9 @@ def sensitivity_vs_length(
     elif callable(inputs):
         make = inputs
     else:
-        raise ConfigError(f"inputs={inputs!r}: use 'sphere', 'gaussian' or a callable (T, generator) -> [T, C].")
+        raise ConfigError(
+            f"inputs={inputs!r}: use 'sphere', 'gaussian' or a callable (T, generator) -> [T, C]."
+        )
     names = (*PATHS, "total")
     mean = {k: {n: np.zeros(len(lengths)) for n in names} for k in KINDS}
     mx = {k: {n: np.zeros(len(lengths)) for n in names} for k in KINDS}
@@ -641,6 +659,25 @@ def sensitivity_vs_length(
     slope = {k: {n: loglog_slope(lengths, mean[k][n]) for n in names} for k in KINDS}
     max_slope = {k: {n: loglog_slope(lengths, mx[k][n]) for n in names} for k in KINDS}
     return Sweep(
-        lengths, norm, mean, mx, bnd, bavg, amax, slope, max_slope, time.perf_counter() - start,
+        lengths,
+        norm,
+        mean,
+        mx,
+        bnd,
+        bavg,
+        amax,
+        slope,
+        max_slope,
+        time.perf_counter() - start,
         max_exact,
     )
+
+
+def __getattr__(name: str):
+    """``diagsink.jacobian.network_jacobian`` and ``layernorm_jacobian`` live in :mod:`diagsink.depth`."""
+    if name in ("network_jacobian", "layernorm_jacobian"):
+        # reason: diagsink.depth builds on this module; importing it at the top would be a cycle
+        from . import depth
+
+        return getattr(depth, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

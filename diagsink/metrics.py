@@ -26,15 +26,24 @@ import torch
 
 from .errors import DataError
 
-__all__ = ["masked_mae", "masked_rmse", "masked_mape", "horizon_metrics", "metric_mask", "format_metrics"]
+__all__ = [
+    "masked_mae",
+    "masked_rmse",
+    "masked_mape",
+    "horizon_metrics",
+    "metric_mask",
+    "format_metrics",
+]
 
 
 def _as_tensors(pred, target) -> tuple[torch.Tensor, torch.Tensor]:
     p = torch.as_tensor(pred)
     t = torch.as_tensor(target, device=p.device)
     if p.shape != t.shape:
-        raise DataError(f"pred has shape {tuple(p.shape)} but target {tuple(t.shape)}. "
-                        "Fix: compare predictions and targets of the same shape (e.g. both [B, 12, N]).")
+        raise DataError(
+            f"pred has shape {tuple(p.shape)} but target {tuple(t.shape)}. "
+            "Fix: compare predictions and targets of the same shape (e.g. both [B, 12, N])."
+        )
     if not p.is_floating_point():
         p = p.to(torch.float64)
     return p, t.to(p.dtype)
@@ -51,8 +60,10 @@ def metric_mask(target, null_value: float = 0.0) -> torch.Tensor:
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor, what: str) -> torch.Tensor:
     n = mask.sum()
     if int(n) == 0:
-        raise DataError(f"{what}: every target is masked (all equal the null value), so the error is undefined. "
-                        "Fix: evaluate on a batch that contains at least one observed (non-zero) target.")
+        raise DataError(
+            f"{what}: every target is masked (all equal the null value), so the error is undefined. "
+            "Fix: evaluate on a batch that contains at least one observed (non-zero) target."
+        )
     return torch.where(mask, values, torch.zeros_like(values)).sum() / n
 
 
@@ -80,8 +91,13 @@ _METRICS = {"MAE": masked_mae, "RMSE": masked_rmse, "MAPE": masked_mape}
 
 
 @torch.no_grad()
-def horizon_metrics(pred, target, horizons: Sequence[int] = (3, 6, 12), null_value: float = 0.0,
-                    average: str = "pooled") -> dict[str, float]:
+def horizon_metrics(
+    pred,
+    target,
+    horizons: Sequence[int] = (3, 6, 12),
+    null_value: float = 0.0,
+    average: str = "pooled",
+) -> dict[str, float]:
     """MAE, RMSE and MAPE at single horizons and over all steps, labelled.
 
     Args:
@@ -99,11 +115,15 @@ def horizon_metrics(pred, target, horizons: Sequence[int] = (3, 6, 12), null_val
     p, t = _as_tensors(pred, target)
     p, t = p.to(torch.float64), t.to(torch.float64)
     if p.dim() < 2:
-        raise DataError(f"horizon_metrics needs [B, T_out, N] inputs (time in dimension 1); got shape {tuple(p.shape)}.")
+        raise DataError(
+            f"horizon_metrics needs [B, T_out, N] inputs (time in dimension 1); got shape {tuple(p.shape)}."
+        )
     steps = p.shape[1]
     for h in horizons:
         if not 1 <= h <= steps:
-            raise DataError(f"horizon {h} is outside 1..{steps} (the predicted steps). Fix: choose horizons within it.")
+            raise DataError(
+                f"horizon {h} is outside 1..{steps} (the predicted steps). Fix: choose horizons within it."
+            )
     if average not in ("pooled", "per-step"):
         raise DataError(f"average={average!r}; choose 'pooled' or 'per-step'.")
     out: dict[str, float] = {}
@@ -114,7 +134,9 @@ def horizon_metrics(pred, target, horizons: Sequence[int] = (3, 6, 12), null_val
         if average == "pooled":
             out[f"{name}@mean"] = float(fn(p, t, null_value))
         else:
-            out[f"{name}@mean"] = sum(float(fn(p[:, k], t[:, k], null_value)) for k in range(steps)) / steps
+            out[f"{name}@mean"] = (
+                sum(float(fn(p[:, k], t[:, k], null_value)) for k in range(steps)) / steps
+            )
     return out
 
 

@@ -40,7 +40,7 @@ from .attention import TemporalAttention
 from .errors import ConfigError
 from .graphconv import DiffusionGraphConv
 from .positional import PositionalEncoding
-from .variants import VARIANTS, attention_kwargs
+from .variants import attention_kwargs
 
 __all__ = ["BLOCK_ORDERS", "check_block_order", "TSBlock", "TSModel"]
 
@@ -95,9 +95,17 @@ class TSBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.block_order = check_block_order(block_order)
-        self.attn = TemporalAttention(d_model, n_heads, dropout=dropout, norm="post", **(attention_kwargs or {}))
+        self.attn = TemporalAttention(
+            d_model, n_heads, dropout=dropout, norm="post", **(attention_kwargs or {})
+        )
         self.gconv = DiffusionGraphConv(
-            d_model, supports, order=order, adaptive=adaptive, n_nodes=n_nodes, embed_dim=embed_dim, dropout=dropout
+            d_model,
+            supports,
+            order=order,
+            adaptive=adaptive,
+            n_nodes=n_nodes,
+            embed_dim=embed_dim,
+            dropout=dropout,
         )
         self.norm = nn.LayerNorm(d_model)
 
@@ -169,7 +177,12 @@ class TSModel(nn.Module):
         self.checkpoint_blocks = checkpoint_blocks
         self.block_order = check_block_order(block_order)
         kwargs = attention_kwargs(variant, diag_p=diag_p, diag_penalty=diag_penalty)
-        for name, value in (("n_nodes", n_nodes), ("depth", depth), ("t_in", t_in), ("t_out", t_out)):
+        for name, value in (
+            ("n_nodes", n_nodes),
+            ("depth", depth),
+            ("t_in", t_in),
+            ("t_out", t_out),
+        ):
             if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < 1:
                 where = "the number of sensors" if name == "n_nodes" else f"config key model.{name}"
                 raise ConfigError(f"TSModel {name}={value!r} must be a positive integer ({where}).")
@@ -180,8 +193,16 @@ class TSModel(nn.Module):
         self.pos = PositionalEncoding(pos_encoding, d_model, max_len=max(t_in, 16))
         self.blocks = nn.ModuleList(
             TSBlock(
-                d_model, n_heads, supports, order=order, adaptive=adaptive, n_nodes=n_nodes,
-                embed_dim=embed_dim, dropout=dropout, attention_kwargs=kwargs, block_order=block_order,
+                d_model,
+                n_heads,
+                supports,
+                order=order,
+                adaptive=adaptive,
+                n_nodes=n_nodes,
+                embed_dim=embed_dim,
+                dropout=dropout,
+                attention_kwargs=kwargs,
+                block_order=block_order,
             )
             for _ in range(depth)
         )

@@ -51,8 +51,8 @@ from torch import nn
 
 from .attention import TemporalAttention
 from .errors import ConfigError
-from .variants import attention_kwargs, check_variant
 from .stats import attention_entropy, column_stripe_index, diagonal_mass, lag_mass, parroting_score
+from .variants import attention_kwargs, check_variant
 
 __all__ = [
     "ParrotTask",
@@ -130,7 +130,9 @@ def make_batch(n: int, length: int, task: ParrotTask, generator: torch.Generator
         ConfigError: ``length ≤ lag`` (no step could be scored).
     """
     if length <= task.lag:
-        raise ConfigError(f"length T={length} must exceed lag = period − 1 = {task.lag} so that some step is scored.")
+        raise ConfigError(
+            f"length T={length} must exceed lag = period − 1 = {task.lag} so that some step is scored."
+        )
     phase0 = torch.randint(0, task.period, (n, 1), generator=generator)
     angle = 2 * math.pi * (phase0 + torch.arange(length)[None]) / task.period  # [n, T]
     signal = torch.zeros(n, length)
@@ -162,9 +164,13 @@ class SeasonalTask:
         if not (isinstance(self.dim, int) and self.dim >= 1):
             raise ConfigError(f"dim={self.dim!r} must be an integer ≥ 1 (values per step).")
         if not (isinstance(self.season, int) and self.season >= 1):
-            raise ConfigError(f"season={self.season!r} must be an integer ≥ 1 (the lag of the answer).")
+            raise ConfigError(
+                f"season={self.season!r} must be an integer ≥ 1 (the lag of the answer)."
+            )
         if not (0.0 <= self.rho < 1.0):
-            raise ConfigError(f"rho={self.rho!r} must lie in [0, 1) (a correlation; 1 would copy without noise).")
+            raise ConfigError(
+                f"rho={self.rho!r} must lie in [0, 1) (a correlation; 1 would copy without noise)."
+            )
 
     @property
     def lag(self) -> int:
@@ -172,7 +178,9 @@ class SeasonalTask:
         return self.season
 
 
-def make_seasonal_batch(n: int, length: int, task: SeasonalTask, generator: torch.Generator) -> Batch:
+def make_seasonal_batch(
+    n: int, length: int, task: SeasonalTask, generator: torch.Generator
+) -> Batch:
     """Draw ``n`` sequences of :class:`SeasonalTask`: inputs ``[n, T, D]``, target and last ``[n, T − ℓ, D]``.
 
     The recursion ``x_t = ρ x_{t−ℓ} + sqrt(1 − ρ²) ε_t`` starts from ``ℓ`` standard normal
@@ -184,7 +192,9 @@ def make_seasonal_batch(n: int, length: int, task: SeasonalTask, generator: torc
     """
     lag = task.lag
     if length <= lag:
-        raise ConfigError(f"length T={length} must exceed the season ℓ = {lag} so that some step is scored.")
+        raise ConfigError(
+            f"length T={length} must exceed the season ℓ = {lag} so that some step is scored."
+        )
     burn = 3 * lag
     x = torch.randn(n, length + burn, task.dim, generator=generator)
     e = torch.randn(n, length + burn, task.dim, generator=generator)
@@ -230,9 +240,13 @@ class FourierFeatures(nn.Module):
     def __init__(self, d_model: int, scale: float = 3.0, seed: int = 0) -> None:
         super().__init__()
         if not (isinstance(d_model, int) and d_model >= 2 and d_model % 2 == 0):
-            raise ConfigError(f"d_model={d_model!r} must be an even integer ≥ 2 (C/2 frequencies, a cos and a sin each).")
+            raise ConfigError(
+                f"d_model={d_model!r} must be an even integer ≥ 2 (C/2 frequencies, a cos and a sin each)."
+            )
         if not (scale > 0 and math.isfinite(scale)):
-            raise ConfigError(f"scale={scale!r} must be a finite number > 0 (the spread of the frequencies).")
+            raise ConfigError(
+                f"scale={scale!r} must be a finite number > 0 (the spread of the frequencies)."
+            )
         g = torch.Generator().manual_seed(seed)
         self.register_buffer("freq", scale * torch.randn(d_model // 2, generator=g))
         self.register_buffer("phase", 2 * math.pi * torch.rand(d_model // 2, generator=g))
@@ -258,7 +272,9 @@ class ParrotNet(nn.Module):
         ConfigError: unknown ``embedding``.
     """
 
-    def __init__(self, d_model: int = 16, n_heads: int = 1, embedding: str = "linear", **layer_kwargs) -> None:
+    def __init__(
+        self, d_model: int = 16, n_heads: int = 1, embedding: str = "linear", **layer_kwargs
+    ) -> None:
         super().__init__()
         if embedding not in EMBEDDINGS:
             raise ConfigError(f"embedding={embedding!r} is not known; choose one of {EMBEDDINGS}.")
@@ -304,7 +320,11 @@ class VectorParrotNet(nn.Module):
 #: forecast through attention only), and a larger learning rate (sharp attention needs
 #: large logits). Combine it with any of :data:`diagsink.variants.VARIANTS`; ``layer`` entries override
 #: the variant's (e.g. a stronger penalty).
-SELF_MATCH: dict = {"embedding": "fourier", "layer": {"residual": False, "out_proj": False}, "lr": 1e-2}
+SELF_MATCH: dict = {
+    "embedding": "fourier",
+    "layer": {"residual": False, "out_proj": False},
+    "lr": 1e-2,
+}
 
 
 @dataclass
@@ -360,7 +380,9 @@ def train(
         gen = torch.Generator().manual_seed(seed)
         if isinstance(task, SeasonalTask):
             if embedding != "linear":
-                raise ConfigError(f"embedding={embedding!r}: the seasonal task's model has a linear input map only.")
+                raise ConfigError(
+                    f"embedding={embedding!r}: the seasonal task's model has a linear input map only."
+                )
             model = VectorParrotNet(task.dim, d_model, **layer_kwargs)
         else:
             model = ParrotNet(d_model, embedding=embedding, **layer_kwargs)
@@ -486,7 +508,9 @@ def path_sensitivity(model: ParrotNet, x: torch.Tensor) -> dict[str, torch.Tenso
         u, du = torch.func.jvp(model.inp, (x,), (torch.ones_like(x),))
         paths = decompose(model.attn, u)
         w_out = model.out.weight[0]  # [C]
-        return {name: torch.einsum("c,icjd,jd->ij", w_out, block, du) for name, block in paths.items()}
+        return {
+            name: torch.einsum("c,icjd,jd->ij", w_out, block, du) for name, block in paths.items()
+        }
 
 
 def path_block_norms(model: VectorParrotNet, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -506,7 +530,12 @@ def path_block_norms(model: VectorParrotNet, x: torch.Tensor) -> dict[str, torch
     with torch.no_grad():
         paths = decompose(model.attn, model.inp(x))  # [T, C, T, C] each
         w_out, w_in = model.out.weight, model.inp.weight  # [D, C], [C, D]
-        blocks = {name: torch.einsum("ac,icjd,db->iajb", w_out, J, w_in) for name, J in paths.items()}
+        blocks = {
+            name: torch.einsum("ac,icjd,db->iajb", w_out, J, w_in) for name, J in paths.items()
+        }
         blocks["total"] = sum(blocks.values())
         scale = math.sqrt(x.shape[-1])
-        return {name: torch.linalg.matrix_norm(b.permute(0, 2, 1, 3)) / scale for name, b in blocks.items()}
+        return {
+            name: torch.linalg.matrix_norm(b.permute(0, 2, 1, 3)) / scale
+            for name, b in blocks.items()
+        }

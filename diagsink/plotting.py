@@ -26,6 +26,7 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import torch
 from cycler import cycler
+from matplotlib.ticker import MaxNLocator
 
 from .variants import FIGURE_ORDER, SHORT_LABELS
 
@@ -192,7 +193,9 @@ def attention_heatmap(
         ValueError: ``attn`` is not a square ``[T, T]`` map, or ``how`` is empty.
     """
     if not how:
-        raise ValueError("how='' -- say how the map was averaged (e.g. 'mean over batch (64), eval mode').")
+        raise ValueError(
+            "how='' -- say how the map was averaged (e.g. 'mean over batch (64), eval mode')."
+        )
     a = _as_matrix(attn)
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.6))
@@ -208,6 +211,8 @@ def attention_heatmap(
     )
     ax.set_ylabel(axis_labels[0])
     ax.set_xlabel(axis_labels[1])
+    for axis in (ax.xaxis, ax.yaxis):  # steps are integers: no 2.5 on a step axis
+        axis.set_major_locator(MaxNLocator(nbins=6, integer=True))
     ax.grid(False)
     ax.set_title(f"{title}\n{how}" if title else how)
     if colorbar:
@@ -255,16 +260,26 @@ def variant_panel(
         labels = [f"({chr(ord('a') + k)}) {n}" for k, n in enumerate(names)]
     mats = [_as_matrix(maps[n], name=f"maps[{n!r}]") for n in names]
     if len({m.shape for m in mats}) > 1:
-        raise ValueError(f"the maps have different sizes {[tuple(m.shape) for m in mats]}; use one T for the panel.")
+        raise ValueError(
+            f"the maps have different sizes {[tuple(m.shape) for m in mats]}; use one T for the panel."
+        )
     vmin = min(float(m.min()) for m in mats) if shared_scale else None
     vmax = max(float(m.max()) for m in mats) if shared_scale else None
     width = (panel_width + (0.0 if shared_scale else 0.7)) * len(mats) + 0.8
-    fig, axs = plt.subplots(1, len(mats), figsize=(width, panel_width + 0.9), squeeze=False, layout="constrained")
+    fig, axs = plt.subplots(
+        1, len(mats), figsize=(width, panel_width + 0.9), squeeze=False, layout="constrained"
+    )
     axs = axs[0]
     for k, (ax, m, label) in enumerate(zip(axs, mats, labels)):
         last = k == len(mats) - 1
         attention_heatmap(
-            m, ax, how=label, vmin=vmin, vmax=vmax, colorbar=not shared_scale, label=_CBAR_LABEL if last else ""
+            m,
+            ax,
+            how=label,
+            vmin=vmin,
+            vmax=vmax,
+            colorbar=not shared_scale,
+            label=_CBAR_LABEL if last else "",
         )
         if k:
             ax.set_ylabel("")
@@ -306,7 +321,11 @@ def head_grid(
             "(layers, heads, query, key) or [H, T, T]."
         )
     n_layers, n_heads = a.shape[:2]
-    names = list(layer_names) if layer_names is not None else [f"layer {l + 1}" for l in range(n_layers)]
+    names = (
+        list(layer_names)
+        if layer_names is not None
+        else [f"layer {k + 1}" for k in range(n_layers)]
+    )
     if len(names) != n_layers:
         raise ValueError(f"layer_names has {len(names)} entries but attn has {n_layers} layers.")
     vmin = float(a.min()) if shared_scale else None
@@ -314,18 +333,20 @@ def head_grid(
     fig, axs = plt.subplots(
         n_layers, n_heads, figsize=(cell * n_heads + 1.0, cell * n_layers + 0.8), squeeze=False
     )
-    for l in range(n_layers):
+    for li in range(n_layers):
         for h in range(n_heads):
-            ax = axs[l, h]
-            ax.imshow(a[l, h].numpy(), cmap=HEATMAP_CMAP, vmin=vmin, vmax=vmax, interpolation="nearest")
+            ax = axs[li, h]
+            ax.imshow(
+                a[li, h].numpy(), cmap=HEATMAP_CMAP, vmin=vmin, vmax=vmax, interpolation="nearest"
+            )
             ax.set_xticks([])
             ax.set_yticks([])
             ax.grid(False)
-            if l == 0:
+            if li == 0:
                 ax.set_title(f"head {h + 1}")
             if h == 0:
-                ax.set_ylabel(f"{names[l]}\n{_QUERY_LABEL}")
-            if l == n_layers - 1:
+                ax.set_ylabel(f"{names[li]}\n{_QUERY_LABEL}")
+            if li == n_layers - 1:
                 ax.set_xlabel(_KEY_LABEL)
             if not shared_scale:
                 fig.colorbar(ax.images[0], ax=ax, fraction=0.046, pad=0.04)

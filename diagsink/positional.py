@@ -24,7 +24,13 @@ from torch import nn
 
 from .errors import ConfigError
 
-__all__ = ["sinusoidal_table", "tape_table", "positional_table", "PositionalEncoding", "POSITIONAL_OPTIONS"]
+__all__ = [
+    "sinusoidal_table",
+    "tape_table",
+    "positional_table",
+    "PositionalEncoding",
+    "POSITIONAL_OPTIONS",
+]
 
 #: The values ``pos_encoding`` may take.
 POSITIONAL_OPTIONS = (None, "sinusoidal", "tape", "learned")
@@ -36,9 +42,13 @@ def _check_sizes(length: int, d_model: int) -> None:
             raise ValueError(f"{name}={value!r} must be a positive integer.")
 
 
-def _angles(length: int, d_model: int, scale: float, dtype: torch.dtype, device=None) -> torch.Tensor:
+def _angles(
+    length: int, d_model: int, scale: float, dtype: torch.dtype, device=None
+) -> torch.Tensor:
     """``scale · t · ω_k`` for ``t < T`` and ``ω_k = 10000^(-2k/C)``: ``[T, ⌈C/2⌉]``."""
-    work = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64  # MPS has no float64
+    work = (
+        torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
+    )  # MPS has no float64
     position = torch.arange(length, dtype=work, device=device)[:, None]  # [T, 1]
     even = torch.arange(0, d_model, 2, dtype=work, device=device)  # 2k = 0, 2, 4, ...
     omega = torch.exp(-math.log(10000.0) * even / d_model)  # ω_k = 10000^(-2k/C)
@@ -53,7 +63,9 @@ def _interleave(angles: torch.Tensor, d_model: int) -> torch.Tensor:
     return table
 
 
-def sinusoidal_table(length: int, d_model: int, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+def sinusoidal_table(
+    length: int, d_model: int, dtype: torch.dtype | None = None, device=None
+) -> torch.Tensor:
     """Vaswani et al. (2017): ``P[t, 2k] = sin(t ω_k)``, ``P[t, 2k+1] = cos(t ω_k)``, ``ω_k = 10000^(-2k/C)``.
 
     Args:
@@ -67,7 +79,9 @@ def sinusoidal_table(length: int, d_model: int, dtype: torch.dtype | None = None
     return _interleave(_angles(length, d_model, 1.0, dtype, device), d_model)
 
 
-def tape_table(length: int, d_model: int, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+def tape_table(
+    length: int, d_model: int, dtype: torch.dtype | None = None, device=None
+) -> torch.Tensor:
     """tAPE (Foumani et al. 2024, arXiv 2305.16642): the sinusoid with every angle scaled by ``C / T``.
 
     ``P[t, 2k] = sin(t ω_k C / T)``, ``P[t, 2k+1] = cos(t ω_k C / T)``. With ``T`` short
@@ -87,7 +101,9 @@ def tape_table(length: int, d_model: int, dtype: torch.dtype | None = None, devi
     return _interleave(_angles(length, d_model, d_model / length, dtype, device), d_model)
 
 
-def positional_table(kind: str, length: int, d_model: int, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+def positional_table(
+    kind: str, length: int, d_model: int, dtype: torch.dtype | None = None, device=None
+) -> torch.Tensor:
     """The fixed table of ``kind`` (``"sinusoidal"`` or ``"tape"``): ``[T, C]``."""
     if kind == "sinusoidal":
         return sinusoidal_table(length, d_model, dtype, device)
@@ -111,11 +127,15 @@ class PositionalEncoding(nn.Module):
     def __init__(self, kind: str | None, d_model: int, max_len: int = 1024) -> None:
         super().__init__()
         if not (kind is None or (isinstance(kind, str) and kind in POSITIONAL_OPTIONS)):
-            raise ConfigError(f"pos_encoding={kind!r} is not known; choose one of {POSITIONAL_OPTIONS}.")
+            raise ConfigError(
+                f"pos_encoding={kind!r} is not known; choose one of {POSITIONAL_OPTIONS}."
+            )
         if isinstance(d_model, bool) or not isinstance(d_model, numbers.Integral) or d_model < 1:
             raise ConfigError(f"d_model={d_model!r} must be a positive integer.")
         if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len < 1:
-            raise ConfigError(f"max_len={max_len!r} must be a positive integer (the longest sequence).")
+            raise ConfigError(
+                f"max_len={max_len!r} must be a positive integer (the longest sequence)."
+            )
         d_model, max_len = int(d_model), int(max_len)
         self.kind = kind
         self.d_model = d_model
@@ -142,4 +162,6 @@ class PositionalEncoding(nn.Module):
         return x + table
 
     def extra_repr(self) -> str:
-        return f"kind={self.kind!r}, d_model={self.d_model}" + (f", max_len={self.max_len}" if self.kind == "learned" else "")
+        return f"kind={self.kind!r}, d_model={self.d_model}" + (
+            f", max_len={self.max_len}" if self.kind == "learned" else ""
+        )

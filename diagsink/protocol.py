@@ -63,21 +63,30 @@ class Splits:
         return {"train": len(self.train), "val": len(self.val), "test": len(self.test)}
 
 
-def split_sizes(n: int, ratios: tuple[float, float, float] = (0.7, 0.1, 0.2)) -> tuple[int, int, int]:
+def split_sizes(
+    n: int, ratios: tuple[float, float, float] = (0.7, 0.1, 0.2)
+) -> tuple[int, int, int]:
     """DCRNN's rounding: ``test = round(n*r_test)``, ``train = round(n*r_train)``, ``val`` = the rest.
 
     Python's :func:`round` (half to even) as in DCRNN's script.
     """
     r_train, r_val, r_test = ratios
     if min(ratios) < 0 or abs(r_train + r_val + r_test - 1.0) > 1e-9:
-        raise ConfigError(f"ratios {ratios} must be three non-negative numbers that sum to 1, e.g. (0.7, 0.1, 0.2).")
+        raise ConfigError(
+            f"ratios {ratios} must be three non-negative numbers that sum to 1, e.g. (0.7, 0.1, 0.2)."
+        )
     n_test = round(n * r_test)
     n_train = round(n * r_train)
     return n_train, n - n_train - n_test, n_test
 
 
-def split_windows(n_steps: int, t_in: int = 12, t_out: int = 12,
-                  ratios: tuple[float, float, float] = (0.7, 0.1, 0.2), order: str = "dcrnn") -> Splits:
+def split_windows(
+    n_steps: int,
+    t_in: int = 12,
+    t_out: int = 12,
+    ratios: tuple[float, float, float] = (0.7, 0.1, 0.2),
+    order: str = "dcrnn",
+) -> Splits:
     """Window start indices for the train/val/test parts of a series of ``n_steps`` steps.
 
     Args:
@@ -98,23 +107,35 @@ def split_windows(n_steps: int, t_in: int = 12, t_out: int = 12,
     if order == "dcrnn":
         n_windows = n_steps - width + 1
         if n_windows < 3:
-            raise DataError(f"a series of {n_steps} steps has {max(n_windows, 0)} windows of {width} steps; "
-                            f"need at least 3. Fix: load more data (a longer slice or the full metr-la.h5).")
+            raise DataError(
+                f"a series of {n_steps} steps has {max(n_windows, 0)} windows of {width} steps; "
+                f"need at least 3. Fix: load more data (a longer slice or the full metr-la.h5)."
+            )
         n_train, n_val, n_test = split_sizes(n_windows, ratios)
         for name, count in (("train", n_train), ("val", n_val), ("test", n_test)):
             if count < 1:  # e.g. 3 windows at (0.7, 0.1, 0.2): round(0.3) = 0 validation windows
-                raise DataError(f"the {name} part gets {max(count, 0)} of the {n_windows} windows of {width} steps "
-                                f"(ratios {tuple(ratios)}). Fix: load more data, or give every part a ratio > 0.")
+                raise DataError(
+                    f"the {name} part gets {max(count, 0)} of the {n_windows} windows of {width} steps "
+                    f"(ratios {tuple(ratios)}). Fix: load more data, or give every part a ratio > 0."
+                )
         starts = torch.arange(n_windows)
-        return Splits(starts[:n_train], starts[n_train:n_train + n_val], starts[n_windows - n_test:],
-                      order, t_in, t_out)
+        return Splits(
+            starts[:n_train],
+            starts[n_train : n_train + n_val],
+            starts[n_windows - n_test :],
+            order,
+            t_in,
+            t_out,
+        )
     n_train, n_val, n_test = split_sizes(n_steps, ratios)
     bounds = [(0, n_train), (n_train, n_train + n_val), (n_train + n_val, n_steps)]
     parts = []
     for (lo, hi), name in zip(bounds, ("train", "val", "test")):
         if hi - lo < width:
-            raise DataError(f"the {name} part has {hi - lo} steps, fewer than one window of {width}. "
-                            "Fix: load more data or use order='dcrnn'.")
+            raise DataError(
+                f"the {name} part has {hi - lo} steps, fewer than one window of {width}. "
+                "Fix: load more data or use order='dcrnn'."
+            )
         parts.append(torch.arange(lo, hi - width + 1))
     return Splits(parts[0], parts[1], parts[2], order, t_in, t_out)
 
@@ -130,7 +151,9 @@ def train_steps(splits: Splits, t_in: int | None = None, t_out: int | None = Non
     return int(splits.train[-1]) + t_in + t_out
 
 
-def gather(series: torch.Tensor, starts: torch.Tensor, length: int, offset: int = 0) -> torch.Tensor:
+def gather(
+    series: torch.Tensor, starts: torch.Tensor, length: int, offset: int = 0
+) -> torch.Tensor:
     """Stack ``series[s + offset : s + offset + length]`` for every ``s`` in ``starts``.
 
     Args:
@@ -146,8 +169,10 @@ def gather(series: torch.Tensor, starts: torch.Tensor, length: int, offset: int 
     starts = torch.as_tensor(starts, dtype=torch.long, device=series.device)
     index = starts[:, None] + (offset + torch.arange(length, device=series.device))[None, :]
     if index.numel() and (int(index.min()) < 0 or int(index.max()) >= series.shape[0]):
-        raise DataError(f"windows reach outside the series of {series.shape[0]} steps "
-                        f"(indices {int(index.min())}..{int(index.max())}). Fix: make the splits from this series' length.")
+        raise DataError(
+            f"windows reach outside the series of {series.shape[0]} steps "
+            f"(indices {int(index.min())}..{int(index.max())}). Fix: make the splits from this series' length."
+        )
     return series[index]
 
 
@@ -158,8 +183,10 @@ def sliding_windows(series: torch.Tensor, length: int) -> torch.Tensor:
     """
     series = torch.as_tensor(series)
     if not 1 <= length <= series.shape[0]:
-        raise DataError(f"windows of length {length} do not fit a series of {series.shape[0]} steps. "
-                        "Fix: choose 1 <= length <= the number of steps.")
+        raise DataError(
+            f"windows of length {length} do not fit a series of {series.shape[0]} steps. "
+            "Fix: choose 1 <= length <= the number of steps."
+        )
     view = series.unfold(0, length, 1)  # [W, N, ..., length]
     return view.movedim(-1, 1)
 
@@ -177,17 +204,21 @@ class Scaler:
     std: float
 
     @classmethod
-    def fit(cls, speed: np.ndarray | torch.Tensor, ignore_zeros: bool = True) -> "Scaler":
+    def fit(cls, speed: np.ndarray | torch.Tensor, ignore_zeros: bool = True) -> Scaler:
         """Fit on the training part of the speed matrix (``speed[:train_steps(splits)]``)."""
         values = torch.as_tensor(speed).detach().to(torch.float64).reshape(-1)
         if ignore_zeros:
             values = values[values != 0]
         if values.numel() < 2:
-            raise DataError("cannot fit a scaler: fewer than two usable (non-zero) values. "
-                            "Fix: fit on the training part of a loaded speed matrix.")
+            raise DataError(
+                "cannot fit a scaler: fewer than two usable (non-zero) values. "
+                "Fix: fit on the training part of a loaded speed matrix."
+            )
         std = float(values.std(unbiased=False))
         if std == 0.0:
-            raise DataError("cannot fit a scaler: all values are equal (std = 0). Fix: fit on real speeds.")
+            raise DataError(
+                "cannot fit a scaler: all values are equal (std = 0). Fix: fit on real speeds."
+            )
         return cls(float(values.mean()), std)
 
     def transform(self, x):

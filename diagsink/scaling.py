@@ -24,7 +24,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Shape", "PAPER_SHAPE", "linear_coefficient", "activation_bytes", "forward_flops", "saved_activation_bytes", "time_step"]
+__all__ = [
+    "Shape",
+    "PAPER_SHAPE",
+    "linear_coefficient",
+    "activation_bytes",
+    "forward_flops",
+    "saved_activation_bytes",
+    "time_step",
+]
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,15 @@ def linear_coefficient(shape: Shape = PAPER_SHAPE, *, sparse: bool = False) -> i
     return 9 + shape.supports * shape.order + (shape.order if sparse else 1) * int(shape.adaptive)
 
 
-def activation_bytes(n_nodes: int, t: int, batch: int = 1, shape: Shape = PAPER_SHAPE, *, sparse: bool = False,
-                     bytes_per: int = 4) -> float:
+def activation_bytes(
+    n_nodes: int,
+    t: int,
+    batch: int = 1,
+    shape: Shape = PAPER_SHAPE,
+    *,
+    sparse: bool = False,
+    bytes_per: int = 4,
+) -> float:
     """Activations kept for the backward pass, in bytes (formula; float32 by default).
 
     Per block and sample ``(9 + S K + a) N T C`` (projections, heads, residuals and norms,
@@ -62,27 +77,33 @@ def activation_bytes(n_nodes: int, t: int, batch: int = 1, shape: Shape = PAPER_
     dense, ``a = K`` sparse, ``a = 0`` without a learned graph; 16 for the paper's dense
     ``S K = 6``) plus ``3 N H T^2`` (the attention weights, the dropout mask and the weights
     after dropout: the O(T^2) part); with the learned
-    adjacency, per block and once per batch, ``(S K + 2) N^2`` for it and the stacked
-    diffusion matrices (``2 N^2`` in the sparse path, which stacks nothing); the read-out
+    adjacency, per block and once per batch, ``(K + 2) N^2`` for it and its stacked powers
+    (the fixed supports' powers are a constant buffer, computed once; ``2 N^2`` in the sparse
+    path, which stacks nothing); the read-out
     ``N T (C + 1)`` per sample.
     """
     c, h, layers = shape.d_model, shape.n_heads, shape.depth
     linear = linear_coefficient(shape, sparse=sparse)
-    per_sample = layers * (linear * n_nodes * t * c + 3 * n_nodes * h * t * t) + n_nodes * t * (c + 1)
+    per_sample = layers * (linear * n_nodes * t * c + 3 * n_nodes * h * t * t) + n_nodes * t * (
+        c + 1
+    )
     graph = 0
     if shape.adaptive:
-        graph = (2 if sparse else shape.supports * shape.order + 2) * n_nodes**2
+        graph = (2 if sparse else shape.order + 2) * n_nodes**2
     return float(bytes_per * (batch * per_sample + layers * graph))
 
 
-def forward_flops(n_nodes: int, t: int, batch: int = 1, shape: Shape = PAPER_SHAPE, *, nnz: int | None = None) -> float:
+def forward_flops(
+    n_nodes: int, t: int, batch: int = 1, shape: Shape = PAPER_SHAPE, *, nnz: int | None = None
+) -> float:
     """Floating-point operations of one forward pass in matrix products (2 per multiply-add).
 
     Per block and sample: the Q, K, V and output projections ``8 N T C^2``; logits and the
     weighted sum ``4 N T^2 C``; the channel mix of the ``1 + S K`` diffusion terms
     ``2 (1 + S K) N T C^2``; the diffusion itself ``2 S K N^2 T C`` (dense) or
     ``2 K nnz T C`` for the fixed supports (sparse, ``nnz`` given) plus ``2 K N^2 T C`` for the
-    learned one. Per block and batch (dense path): the powers ``P^k``, ``2 S (K - 1) N^3``, and
+    learned one. Per block and batch (dense path): the powers ``A^k`` of the learned adjacency,
+    ``2 (K - 1) N^3`` (the fixed supports' powers are computed once, at construction), and
     the learned adjacency ``2 N^2 e``. Read-out: ``2 N T (2 C + C + 1 + T_out)``.
     A backward pass costs about twice the forward pass.
     """
@@ -92,7 +113,7 @@ def forward_flops(n_nodes: int, t: int, batch: int = 1, shape: Shape = PAPER_SHA
     per_batch = 2 * n * n * shape.embed_dim if shape.adaptive else 0
     if nnz is None:
         block += 2 * s * k * n * n * t * c
-        per_batch += 2 * s * (k - 1) * n**3
+        per_batch += 2 * int(shape.adaptive) * (k - 1) * n**3
     else:
         block += 2 * k * nnz * t * c + (2 * k * n * n * t * c if shape.adaptive else 0)
     head = 2 * n * t * (2 * c + c + 1 + shape.t_out)

@@ -67,7 +67,9 @@ def check_device(name: str, source: str = "--device") -> str:
 
     value = str(name).strip().lower()
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", value):
-        raise ValueError(f"{source}={name!r} is not a device; use cpu or cuda (cuda:<k> for the k-th GPU).")
+        raise ValueError(
+            f"{source}={name!r} is not a device; use cpu or cuda (cuda:<k> for the k-th GPU)."
+        )
     if value.startswith("cuda"):
         import torch
 
@@ -82,7 +84,9 @@ def check_device(name: str, source: str = "--device") -> str:
         import torch
 
         if not torch.backends.mps.is_available():
-            raise ValueError(f"{source}={name!r}: MPS (Apple GPU) is not available here. Fix: use cpu.")
+            raise ValueError(
+                f"{source}={name!r}: MPS (Apple GPU) is not available here. Fix: use cpu."
+            )
     return value
 
 

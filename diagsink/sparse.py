@@ -29,7 +29,14 @@ from torch import nn
 
 from .graphconv import DiffusionGraphConv, _stacked_powers
 
-__all__ = ["SPARSE_MIN_NODES", "SPARSE_MAX_DENSITY", "density", "use_sparse", "SparseDiffusionGraphConv", "sparsify"]
+__all__ = [
+    "SPARSE_MIN_NODES",
+    "SPARSE_MAX_DENSITY",
+    "density",
+    "use_sparse",
+    "SparseDiffusionGraphConv",
+    "sparsify",
+]
 
 #: Graphs with more sensors than this may use the sparse path.
 SPARSE_MIN_NODES = 1000
@@ -85,8 +92,15 @@ class SparseDiffusionGraphConv(DiffusionGraphConv):
         fixed = [getattr(layer, f"support_{i}") for i in range(layer.n_fixed)]
         embed_dim = layer.e1.shape[1] if layer.adaptive else 10
         with torch.random.fork_rng(devices=[]):
-            new = cls(layer.channels, fixed, order=layer.order, adaptive=layer.adaptive, n_nodes=layer.n_nodes,
-                      embed_dim=embed_dim, dropout=layer.dropout.p)
+            new = cls(
+                layer.channels,
+                fixed,
+                order=layer.order,
+                adaptive=layer.adaptive,
+                n_nodes=layer.n_nodes,
+                embed_dim=embed_dim,
+                dropout=layer.dropout.p,
+            )
         new.load_state_dict(layer.state_dict())
         return new.to(next(layer.parameters()).device)
 
@@ -103,7 +117,9 @@ class SparseDiffusionGraphConv(DiffusionGraphConv):
         for p in self.supports():
             h = flat
             for _ in range(self.order):
-                if p.is_sparse:  # float32 outside autocast: sparse kernels for every dtype are not a given
+                if (
+                    p.is_sparse
+                ):  # float32 outside autocast: sparse kernels for every dtype are not a given
                     with torch.autocast(device_type=x.device.type, enabled=False):
                         h = torch.sparse.mm(p, h.float()).to(x.dtype)
                 else:
@@ -114,7 +130,9 @@ class SparseDiffusionGraphConv(DiffusionGraphConv):
         weight = self.mix.weight.to(x.dtype)  # [D, (1 + S K) C]
         d = weight.shape[0]
         w_terms = weight[:, c:].reshape(d, len(terms), c).permute(1, 2, 0)  # [S K, C, D]
-        spatial = torch.bmm(mixed, w_terms).sum(0).reshape(n, b, t, d).permute(1, 2, 0, 3)  # [B, T, N, D]
+        spatial = (
+            torch.bmm(mixed, w_terms).sum(0).reshape(n, b, t, d).permute(1, 2, 0, 3)
+        )  # [B, T, N, D]
         bias = None if self.mix.bias is None else self.mix.bias.to(x.dtype)
         return self.dropout(torch.nn.functional.linear(x, weight[:, :c], bias) + spatial)
 
@@ -131,9 +149,16 @@ def sparsify(
     targets = [
         (name, child)
         for name, child in model.named_modules()
-        if type(child) is DiffusionGraphConv and child.n_fixed
-        and (force or use_sparse([getattr(child, f"support_{i}") for i in range(child.n_fixed)],
-                                 min_nodes=min_nodes, max_density=max_density))
+        if type(child) is DiffusionGraphConv
+        and child.n_fixed
+        and (
+            force
+            or use_sparse(
+                [getattr(child, f"support_{i}") for i in range(child.n_fixed)],
+                min_nodes=min_nodes,
+                max_density=max_density,
+            )
+        )
     ]
     for name, child in targets:
         parent_name, _, attr = name.rpartition(".")

@@ -114,7 +114,9 @@ def _check_values(name: str, values: list[Any]) -> list[float | int | str]:
                 )
             out.append(v)
         if len(set(out)) != len(out):
-            raise ConfigError(f"sweep 'order': the values {values} repeat one; list each value once.")
+            raise ConfigError(
+                f"sweep 'order': the values {values} repeat one; list each value once."
+            )
         return out
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -128,18 +130,24 @@ def _check_values(name: str, values: list[Any]) -> list[float | int | str]:
             out.append(int(v))
         elif name == "penalty":
             if not -10 <= v < 0:
-                raise ConfigError(f"sweep 'penalty': {v!r} must be a negative logit offset in [-10, 0), e.g. -0.01,-0.1,-1.")
+                raise ConfigError(
+                    f"sweep 'penalty': {v!r} must be a negative logit offset in [-10, 0), e.g. -0.01,-0.1,-1."
+                )
             out.append(float(v))
         else:
             if not 0 < v < 1:
-                raise ConfigError(f"sweep 'dropout': p = {v!r} must be a probability in (0, 1), e.g. 0.05,0.2,0.5.")
+                raise ConfigError(
+                    f"sweep 'dropout': p = {v!r} must be a probability in (0, 1), e.g. 0.05,0.2,0.5."
+                )
             out.append(float(v))
     if len(set(out)) != len(out):
         raise ConfigError(f"sweep {name!r}: the values {values} repeat one; list each value once.")
     return out
 
 
-def sweep_points(name: str, values: list[Any] | None = None, variants: tuple[str, ...] | None = None) -> list[SweepPoint]:
+def sweep_points(
+    name: str, values: list[Any] | None = None, variants: tuple[str, ...] | None = None
+) -> list[SweepPoint]:
     """The points of sweep ``name`` (defaults from :func:`default_values`), checked.
 
     Raises:
@@ -156,7 +164,9 @@ def sweep_points(name: str, values: list[Any] | None = None, variants: tuple[str
         if v not in VARIANTS:
             raise ConfigError(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}.")
     if name not in MULTI_VARIANT and vars_ != (name,):
-        raise ConfigError(f"sweep {name!r} changes a constant of the {name!r} variant only; drop --variants.")
+        raise ConfigError(
+            f"sweep {name!r} changes a constant of the {name!r} variant only; drop --variants."
+        )
     key = SWEEPS[name][0]
     return [SweepPoint(name, var, key, val) for var in vars_ for val in vals]
 
@@ -184,7 +194,13 @@ def _windows(n_steps: int, cfg: dict[str, Any]) -> dict[str, int] | str:
 
     m = cfg["model"]
     try:
-        s = split_windows(n_steps, m["t_in"], m["t_out"], ratios=tuple(cfg["data"]["ratios"]), order=cfg["data"]["split_order"])
+        s = split_windows(
+            n_steps,
+            m["t_in"],
+            m["t_out"],
+            ratios=tuple(cfg["data"]["ratios"]),
+            order=cfg["data"]["split_order"],
+        )
     except DataError as exc:
         return str(exc)
     counts = {"train": len(s.train), "val": len(s.val), "test": len(s.test)}
@@ -222,11 +238,19 @@ def run_sweep(
     points = sweep_points(name, values, variants)
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= 100:
         raise ConfigError(f"seeds = {seeds!r} must be a whole number in [1, 100].")
-    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+    if epochs is not None and (
+        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
+    ):
         raise ConfigError(f"epochs = {epochs!r} must be a whole number >= 1.")
     base = load_config(cfg) if isinstance(cfg, (str, Path)) else copy.deepcopy(cfg)
     if epochs is not None:
-        base = override(base, {"train.epochs": epochs, "train.warmup_epochs": min(base["train"]["warmup_epochs"], epochs - 1)})
+        base = override(
+            base,
+            {
+                "train.epochs": epochs,
+                "train.warmup_epochs": min(base["train"]["warmup_epochs"], epochs - 1),
+            },
+        )
     import torch
 
     device_t = torch.device(check_device(str(device)) if device else settings().device)
@@ -262,14 +286,27 @@ def run_sweep(
             if t_in not in prepared:
                 prepared[t_in] = prepare(data, pcfg, device_t)
             t0 = time.perf_counter()
-            art = train_run(copy.deepcopy(pcfg), point.variant, seed, prepared=prepared[t_in], device=str(device_t),
-                            progress=progress, write=False)
+            art = train_run(
+                copy.deepcopy(pcfg),
+                point.variant,
+                seed,
+                prepared=prepared[t_in],
+                device=str(device_t),
+                progress=progress,
+                write=False,
+            )
             art = {k: v for k, v in art.items() if not k.startswith("_")}
-            art["state_dict"] = {**art["state_dict"], "file": None, "note": "not written for sweep points"}
+            art["state_dict"] = {
+                **art["state_dict"],
+                "file": None,
+                "note": "not written for sweep points",
+            }
             art["sweep"] = {"name": name, "key": point.key, "value": point.value, "windows": counts}
             write_artifact(path, compact(art))
             remove_stale_temporaries(path)  # left by an earlier process killed mid-write
-            log(f"wrote {path.name}: MAE@mean {art['metrics']['MAE@mean']:.3f} ({time.perf_counter() - t0:.1f} s)")
+            log(
+                f"wrote {path.name}: MAE@mean {art['metrics']['MAE@mean']:.3f} ({time.perf_counter() - t0:.1f} s)"
+            )
             done.append(path)
     return {"done": done, "skipped": skipped}
 
@@ -316,16 +353,18 @@ def sweep_rows(arts: list[dict[str, Any]], metric: str = "MAE@mean") -> list[dic
     for (variant, value), group in sorted(groups.items()):
         mats = [torch.tensor(a["attention"]["mean"], dtype=torch.float64) for a in group]
         dm = [diagonal_mass(m) for m in mats]
-        rows.append({
-            "variant": variant,
-            "value": value,
-            "seeds": len(group),
-            metric: sum(float(a["metrics"][metric]) for a in group) / len(group),
-            "diag_mass": sum(d.mass for d in dm) / len(dm),
-            "uniform": dm[0].uniform,
-            "entropy": sum(float(attention_entropy(m).mean()) for m in mats) / len(mats),
-            "train_windows": group[0]["sweep"]["windows"]["train"],
-        })
+        rows.append(
+            {
+                "variant": variant,
+                "value": value,
+                "seeds": len(group),
+                metric: sum(float(a["metrics"][metric]) for a in group) / len(group),
+                "diag_mass": sum(d.mass for d in dm) / len(dm),
+                "uniform": dm[0].uniform,
+                "entropy": sum(float(attention_entropy(m).mean()) for m in mats) / len(mats),
+                "train_windows": group[0]["sweep"]["windows"]["train"],
+            }
+        )
     return rows
 
 
@@ -362,10 +401,22 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     sweep_points(args.sweep, args.values, variants)  # bad values fail before the data is loaded
     ensure_writable_dir(args.out, "--out")  # and an unwritable --out before any training
     t0 = time.perf_counter()
-    res = run_sweep(args.sweep, args.protocol, seeds=args.seeds, values=args.values, variants=variants, epochs=args.epochs,
-                    out_dir=args.out, data=load_metr_la(args.data), device=args.device, progress=not args.no_progress)
-    print(f"sweep {args.sweep}: {len(res['done'])} points done, {len(res['skipped'])} skipped "
-          f"({time.perf_counter() - t0:.0f} s) -> {Path(args.out) / 'sweeps'}")
+    res = run_sweep(
+        args.sweep,
+        args.protocol,
+        seeds=args.seeds,
+        values=args.values,
+        variants=variants,
+        epochs=args.epochs,
+        out_dir=args.out,
+        data=load_metr_la(args.data),
+        device=args.device,
+        progress=not args.no_progress,
+    )
+    print(
+        f"sweep {args.sweep}: {len(res['done'])} points done, {len(res['skipped'])} skipped "
+        f"({time.perf_counter() - t0:.0f} s) -> {Path(args.out) / 'sweeps'}"
+    )
     return 0
 
 
@@ -373,13 +424,30 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``diagsink sweep {length,penalty,dropout,order}``."""
     from .train_cli import _device
 
-    p = sub.add_parser("sweep", help="train one setting at several values (input length, penalty, dropout p, block order); finished points are skipped")
+    p = sub.add_parser(
+        "sweep",
+        help="train one setting at several values (input length, penalty, dropout p, block order); finished points are skipped",
+    )
     p.add_argument("sweep", choices=tuple(SWEEPS), help="which setting to sweep")
-    p.add_argument("--protocol", default="quick", help="quick, book, paper or a YAML file (default quick)")
+    p.add_argument(
+        "--protocol", default="quick", help="quick, book, paper or a YAML file (default quick)"
+    )
     p.add_argument("--seeds", type=_positive, default=1, help="seeds 0..n-1 (default 1)")
-    p.add_argument("--epochs", type=_positive, default=None, help="override train.epochs (default: the protocol's)")
-    p.add_argument("--values", type=_values, default=None, help="comma-separated values, e.g. 12,24,48 or ts,st (default: see diagsink.sweeps.default_values)")
-    p.add_argument("--variants", default=None, help="comma-separated variants (length and order sweeps only)")
+    p.add_argument(
+        "--epochs",
+        type=_positive,
+        default=None,
+        help="override train.epochs (default: the protocol's)",
+    )
+    p.add_argument(
+        "--values",
+        type=_values,
+        default=None,
+        help="comma-separated values, e.g. 12,24,48 or ts,st (default: see diagsink.sweeps.default_values)",
+    )
+    p.add_argument(
+        "--variants", default=None, help="comma-separated variants (length and order sweeps only)"
+    )
     p.add_argument("--out", default="book/results", help="results folder (default book/results)")
     p.add_argument("--data", default=None, help="METR-LA folder (default: DIAGSINK_DATA)")
     p.add_argument("--device", default=None, type=_device, help="cpu or cuda")

@@ -48,12 +48,12 @@ from tqdm import tqdm
 from . import __version__
 from ._io import atomic_write_bytes, remove_stale_temporaries
 from .config import config_hash, load_config
-from .settings import check_device
-from .errors import ConfigError, DiagsinkError
 from .distributed import context as distributed_context
+from .errors import ConfigError, DiagsinkError
 from .model import TSModel
-from .variants import VARIANTS, check_variant
+from .settings import check_device
 from .sparse import sparsify
+from .variants import VARIANTS, check_variant
 
 __all__ = [
     "Prepared",
@@ -106,7 +106,11 @@ def prepare(data: Any, cfg: dict[str, Any], device: str | torch.device = "cpu") 
 
     m = cfg["model"]
     splits = split_windows(
-        data.n_steps, m["t_in"], m["t_out"], ratios=tuple(cfg["data"]["ratios"]), order=cfg["data"]["split_order"]
+        data.n_steps,
+        m["t_in"],
+        m["t_out"],
+        ratios=tuple(cfg["data"]["ratios"]),
+        order=cfg["data"]["split_order"],
     )
     scaler = Scaler.fit(data.speed[: train_steps(splits, m["t_in"], m["t_out"])])
     speed = torch.as_tensor(data.speed, dtype=torch.float32)
@@ -120,7 +124,10 @@ def prepare(data: Any, cfg: dict[str, Any], device: str | torch.device = "cpu") 
         "full": bool(data.is_full),
         "describe": data.describe(),
         "split_order": splits.order,
-        "windows": {k: int(len(v)) for k, v in (("train", splits.train), ("val", splits.val), ("test", splits.test))},
+        "windows": {
+            k: int(len(v))
+            for k, v in (("train", splits.train), ("val", splits.val), ("test", splits.test))
+        },
         "scaler": {"mean": float(scaler.mean), "std": float(scaler.std)},
     }
     return Prepared(
@@ -159,7 +166,9 @@ def build_model(cfg: dict[str, Any], variant: str, prepared: Prepared) -> TSMode
         speed_std=prepared.std,
         block_order=m.get("block_order", "ts"),  # optional key (diagsink.config.OPTIONAL)
     ).to(prepared.series.device)
-    return sparsify(model)  # torch.sparse road-graph products when the graph is large (book/scaling.ipynb)
+    return sparsify(
+        model
+    )  # torch.sparse road-graph products when the graph is large (book/scaling.ipynb)
 
 
 def lr_at(epoch: int, cfg: dict[str, Any]) -> float:
@@ -182,7 +191,9 @@ def _autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
-def _batch(prepared: Prepared, starts: torch.Tensor, t_in: int, t_out: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(
+    prepared: Prepared, starts: torch.Tensor, t_in: int, t_out: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     from .protocol import gather
 
     x = gather(prepared.series, starts, t_in)  # [B, T_in, N, 2]
@@ -191,7 +202,9 @@ def _batch(prepared: Prepared, starts: torch.Tensor, t_in: int, t_out: int) -> t
 
 
 @torch.no_grad()
-def predict(model: TSModel, prepared: Prepared, starts: torch.Tensor, cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+def predict(
+    model: TSModel, prepared: Prepared, starts: torch.Tensor, cfg: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eval-mode forecasts and targets for the windows ``starts``: ``[B, T_out, N]`` each (mph)."""
     model.eval()
     m, bs = cfg["model"], cfg["train"]["eval_batch_size"]
@@ -207,7 +220,11 @@ def predict(model: TSModel, prepared: Prepared, starts: torch.Tensor, cfg: dict[
 
 @torch.no_grad()
 def record_attention(
-    model: TSModel, prepared: Prepared, cfg: dict[str, Any], seed: int, starts: torch.Tensor | None = None
+    model: TSModel,
+    prepared: Prepared,
+    cfg: dict[str, Any],
+    seed: int,
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, str]:
     """The last block's attention averaged as the paper's Figure 1: ``([T, T], [H, T, T], how)``.
 
@@ -283,7 +300,9 @@ def toy_data(n_steps: int = 300, n_nodes: int = 6, seed: int = 0) -> ToyData:
     for i in range(n_nodes):
         adj[i, (i + 1) % n_nodes] = 0.5
     stamps = pd.date_range("2012-03-01", periods=n_steps, freq="5min")
-    return ToyData(speed=speed, timestamps=stamps, adjacency=adj, path=Path("toy.h5"), sha256="0" * 64)
+    return ToyData(
+        speed=speed, timestamps=stamps, adjacency=adj, path=Path("toy.h5"), sha256="0" * 64
+    )
 
 
 # -- provenance ---------------------------------------------------------------------------------------
@@ -299,10 +318,15 @@ def git_commit() -> str:
     """
     here = Path(__file__).resolve().parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        )
         if sha.returncode == 0:
             dirty = subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True,
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=here,
+                capture_output=True,
+                text=True,
                 timeout=10,
             )
             return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
@@ -340,7 +364,9 @@ def run_paths(out_dir: str | Path, protocol: str, variant: str, seed: int) -> di
     base = Path(out_dir).resolve()
     folder = (base / protocol).resolve()
     if folder.parent != base or not protocol.replace("-", "").replace("_", "").isalnum():
-        raise ConfigError(f"protocol name {protocol!r} would write outside {base}; use a plain name like 'quick'.")
+        raise ConfigError(
+            f"protocol name {protocol!r} would write outside {base}; use a plain name like 'quick'."
+        )
     name = run_name(variant, seed)
     paths = {
         "json": folder / f"{name}.json",
@@ -474,19 +500,33 @@ def train_run(
     best_state = _cpu_state(model)
     stopped = "max_epochs"
     resumed_from = None
-    dist = distributed_context()  # DDP hooks under torchrun, no-ops otherwise (diagsink.distributed)
+    dist = (
+        distributed_context()
+    )  # DDP hooks under torchrun, no-ops otherwise (diagsink.distributed)
     dist.barrier()  # rank 0's last checkpoint is complete before any rank looks for one
     if write and paths["checkpoint"].exists():
         try:
             ck = torch.load(paths["checkpoint"], map_location="cpu", weights_only=True)
         except Exception as exc:  # damaged or foreign file (our own writes are atomic): start over
-            warnings.warn(f"ignoring the unreadable checkpoint {paths['checkpoint']} ({type(exc).__name__}); "
-                          "the run starts from epoch 0.", stacklevel=2)
+            warnings.warn(
+                f"ignoring the unreadable checkpoint {paths['checkpoint']} ({type(exc).__name__}); "
+                "the run starts from epoch 0.",
+                stacklevel=2,
+            )
             ck = {}
-        if ck.get("config_hash") == chash and ck.get("variant") == variant and ck.get("seed") == seed:
+        if (
+            ck.get("config_hash") == chash
+            and ck.get("variant") == variant
+            and ck.get("seed") == seed
+        ):
             model.load_state_dict(ck["model"])
             optimizer.load_state_dict(ck["optimizer"])
-            start_epoch, best_val, best_epoch, bad = ck["epoch"], ck["best_val"], ck["best_epoch"], ck["bad_epochs"]
+            start_epoch, best_val, best_epoch, bad = (
+                ck["epoch"],
+                ck["best_val"],
+                ck["best_epoch"],
+                ck["bad_epochs"],
+            )
             history, train_time, best_state = ck["history"], ck["train_time"], ck["best_state"]
             stopped = ck["stopped"]
             torch.set_rng_state(ck["rng_cpu"])
@@ -496,7 +536,11 @@ def train_run(
     net = dist.wrap(model)  # the module that trains; ``model`` stays the plain TSModel
     write = write and dist.is_main  # rank 0 alone writes checkpoints and artifacts
 
-    n_train = len(prepared.train) if t["max_train_windows"] is None else min(t["max_train_windows"], len(prepared.train))
+    n_train = (
+        len(prepared.train)
+        if t["max_train_windows"] is None
+        else min(t["max_train_windows"], len(prepared.train))
+    )
     steps_per_epoch = math.ceil(n_train / t["batch_size"])
     bar = tqdm(
         total=t["epochs"] * steps_per_epoch,
@@ -514,11 +558,15 @@ def train_run(
             group["lr"] = lr_at(epoch, cfg)
         g = torch.Generator().manual_seed(seed * 100_003 + epoch)
         dist.begin_epoch(seed, epoch)
-        order = prepared.train[torch.randperm(len(prepared.train), generator=g)[:n_train].to(prepared.train.device)]
+        order = prepared.train[
+            torch.randperm(len(prepared.train), generator=g)[:n_train].to(prepared.train.device)
+        ]
         model.train()
         loss_sum, loss_n = torch.zeros((), device=device_t), 0
         for i in range(0, n_train, t["batch_size"]):
-            x, y = _batch(prepared, dist.shard(order[i : i + t["batch_size"]]), m["t_in"], m["t_out"])
+            x, y = _batch(
+                prepared, dist.shard(order[i : i + t["batch_size"]]), m["t_in"], m["t_out"]
+            )
             with _autocast(device_t):
                 pred = net(x)
             loss = dist.loss(pred.float(), y)  # masked MAE of the (global) batch
@@ -530,10 +578,19 @@ def train_run(
             loss_n += len(x)
             bar.update(1)
             if bar.n % 10 == 0:
-                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", best_val=f"{best_val:.3f}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{float(loss.detach()):.3f}", best_val=f"{best_val:.3f}", refresh=False
+                )
         val_mae = float(masked_mae(*predict(model, prepared, prepared.val, cfg)))
         train_time += time.perf_counter() - t0
-        history.append({"epoch": epoch, "lr": lr_at(epoch, cfg), "train_mae": float(loss_sum) / loss_n, "val_mae": val_mae})
+        history.append(
+            {
+                "epoch": epoch,
+                "lr": lr_at(epoch, cfg),
+                "train_mae": float(loss_sum) / loss_n,
+                "val_mae": val_mae,
+            }
+        )
         if not (math.isfinite(history[-1]["train_mae"]) and math.isfinite(val_mae)):
             raise DiagsinkError(
                 f"{cfg['protocol']}/{name}: training diverged in epoch {epoch} (train MAE {history[-1]['train_mae']}, "
@@ -545,28 +602,48 @@ def train_run(
             best_state = _cpu_state(model)
         else:
             bad += 1
-        bar.set_postfix(loss=f"{history[-1]['train_mae']:.3f}", val=f"{val_mae:.3f}", best=f"{best_val:.3f}")
+        bar.set_postfix(
+            loss=f"{history[-1]['train_mae']:.3f}", val=f"{val_mae:.3f}", best=f"{best_val:.3f}"
+        )
         epoch += 1
         if bad >= t["patience"]:
             stopped, finished = "early_stopping", True
-        elif t["time_limit_s"] is not None and train_time + train_time / len(history) > t["time_limit_s"]:
+        elif (
+            t["time_limit_s"] is not None
+            and train_time + train_time / len(history) > t["time_limit_s"]
+        ):
             # another epoch (of average length) would overrun the per-run time budget
             stopped, finished = "time_limit", True
         elif epoch >= t["epochs"]:
             finished = True
-        finished, stopped = dist.agree(finished, stopped)  # rank 0 decides (time limits differ per rank)
+        finished, stopped = dist.agree(
+            finished, stopped
+        )  # rank 0 decides (time limits differ per rank)
         if write:
             state = {
-                "variant": variant, "seed": seed, "config_hash": chash, "epoch": epoch,
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "best_state": best_state, "best_val": best_val, "best_epoch": best_epoch, "bad_epochs": bad,
-                "history": history, "train_time": train_time, "stopped": stopped if finished else "max_epochs",
+                "variant": variant,
+                "seed": seed,
+                "config_hash": chash,
+                "epoch": epoch,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "best_state": best_state,
+                "best_val": best_val,
+                "best_epoch": best_epoch,
+                "bad_epochs": bad,
+                "history": history,
+                "train_time": train_time,
+                "stopped": stopped if finished else "max_epochs",
                 "rng_cpu": torch.get_rng_state(),
             }
             if device_t.type == "cuda":
                 state["rng_cuda"] = torch.cuda.get_rng_state(device_t)
             _save_checkpoint(paths["checkpoint"], state)
-        if stop_after_epochs is not None and epoch - start_epoch >= stop_after_epochs and not finished:
+        if (
+            stop_after_epochs is not None
+            and epoch - start_epoch >= stop_after_epochs
+            and not finished
+        ):
             bar.close()
             return {}
     bar.close()
@@ -597,7 +674,11 @@ def train_run(
         "state_dict": (
             {"file": paths["state"].name if write else None, "bytes": state_bytes.tell()}
             if small
-            else {"file": None, "bytes": state_bytes.tell(), "note": f"omitted: larger than {STATE_DICT_LIMIT} bytes"}
+            else {
+                "file": None,
+                "bytes": state_bytes.tell(),
+                "note": f"omitted: larger than {STATE_DICT_LIMIT} bytes",
+            }
         ),
         "provenance": {
             "git_commit": commit,
@@ -675,8 +756,10 @@ def reproduce(
                         done.append(paths["json"])
                         continue
                     kept = _supersede(paths, art["provenance"]["config_hash"])
-                    print(f"redo {paths['json']}: it was made with another configuration of {cfg['protocol']!r} "
-                          f"(the old result is kept as {kept})")
+                    print(
+                        f"redo {paths['json']}: it was made with another configuration of {cfg['protocol']!r} "
+                        f"(the old result is kept as {kept})"
+                    )
                 except ArtifactError as exc:
                     print(f"redo {paths['json']}: {exc}")
             if prepared is None:
@@ -685,7 +768,15 @@ def reproduce(
 
                     data = load_metr_la()
                 prepared = prepare(data, cfg, device_t)
-            train_run(copy.deepcopy(cfg), variant, seed, prepared=prepared, device=str(device_t), out_dir=out_dir, progress=progress,
-                      low_memory=low_memory)
+            train_run(
+                copy.deepcopy(cfg),
+                variant,
+                seed,
+                prepared=prepared,
+                device=str(device_t),
+                out_dir=out_dir,
+                progress=progress,
+                low_memory=low_memory,
+            )
             done.append(paths["json"])
     return done

@@ -22,14 +22,25 @@ __all__ = ["add_commands"]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--protocol", default="quick", help=f"one of {', '.join(PROTOCOLS)} or a YAML file (default quick)")
-    p.add_argument("--device", default=None, type=_device,
-                   help="cpu or cuda (default: DIAGSINK_DEVICE, else cuda if available)")
+    p.add_argument(
+        "--protocol",
+        default="quick",
+        help=f"one of {', '.join(PROTOCOLS)} or a YAML file (default quick)",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        type=_device,
+        help="cpu or cuda (default: DIAGSINK_DEVICE, else cuda if available)",
+    )
     p.add_argument("--out", default="book/results", help="results folder (default book/results)")
     p.add_argument("--data", default=None, help="METR-LA folder (default: DIAGSINK_DATA)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--low-memory", action="store_true",
-                   help="activation checkpointing + freed memory returned to the OS: same results, several times less memory, ~1/5 more compute")
+    p.add_argument(
+        "--low-memory",
+        action="store_true",
+        help="activation checkpointing + freed memory returned to the OS: same results, several times less memory, ~1/5 more compute",
+    )
 
 
 def _device(text: str) -> str:
@@ -45,7 +56,9 @@ def _seed(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; seeds are 0, 1, 2, ...") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number; seeds are 0, 1, 2, ..."
+        ) from None
     if value < 0:
         raise argparse.ArgumentTypeError("seeds are non-negative integers")
     return value
@@ -56,7 +69,9 @@ def _writable(args: argparse.Namespace, protocol: str, variant: str) -> None:
     from ._io import ensure_writable_dir
     from .train import run_paths
 
-    run_paths(args.out, protocol, variant, 0)  # a protocol name that would leave --out is refused here
+    run_paths(
+        args.out, protocol, variant, 0
+    )  # a protocol name that would leave --out is refused here
     ensure_writable_dir(args.out, "--out")
 
 
@@ -72,12 +87,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.protocol)
     _writable(args, cfg["protocol"], args.variant)
-    art = train_run(cfg, args.variant, args.seed, data=_data(args), device=args.device, out_dir=args.out,
-                    progress=not args.no_progress, low_memory=args.low_memory)
+    art = train_run(
+        cfg,
+        args.variant,
+        args.seed,
+        data=_data(args),
+        device=args.device,
+        out_dir=args.out,
+        progress=not args.no_progress,
+        low_memory=args.low_memory,
+    )
     path = run_paths(args.out, cfg["protocol"], args.variant, args.seed)["json"]
     m = art["metrics"]
-    print(f"{args.variant} seed {args.seed}: MAE@3 {m['MAE@3']:.3f}  MAE@6 {m['MAE@6']:.3f}  MAE@12 {m['MAE@12']:.3f}  "
-          f"(best epoch {art['best_epoch']}, {art['epochs_run']} epochs, {art['wall_time_s']:.1f} s) -> {path}")
+    print(
+        f"{args.variant} seed {args.seed}: MAE@3 {m['MAE@3']:.3f}  MAE@6 {m['MAE@6']:.3f}  MAE@12 {m['MAE@12']:.3f}  "
+        f"(best epoch {art['best_epoch']}, {art['epochs_run']} epochs, {art['wall_time_s']:.1f} s) -> {path}"
+    )
     return 0
 
 
@@ -94,24 +119,40 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     if bad:
         raise ValueError(f"unknown variant {bad[0]!r}; choose from {', '.join(VARIANTS)}.")
     _writable(args, cfg["protocol"], variants[0])
-    paths = reproduce(cfg, seeds, variants=variants, device=args.device, out_dir=args.out, data=_data(args),
-                      progress=not args.no_progress, low_memory=args.low_memory)
+    paths = reproduce(
+        cfg,
+        seeds,
+        variants=variants,
+        device=args.device,
+        out_dir=args.out,
+        data=_data(args),
+        progress=not args.no_progress,
+        low_memory=args.low_memory,
+    )
     print(f"{len(paths)} artifacts in {args.out}/{cfg['protocol']}")
     return 0
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``train`` and ``reproduce``."""
-    p = sub.add_parser("train", help="train one variant with one seed and write its result artifact")
+    p = sub.add_parser(
+        "train", help="train one variant with one seed and write its result artifact"
+    )
     p.add_argument("--variant", required=True, choices=VARIANTS)
     p.add_argument("--seed", type=_seed, default=0)
     _common(p)
     p.set_defaults(func=_cmd_train)
     add_distributed(p)  # --distributed N, and data-parallel under torchrun (diagsink.distributed)
 
-    r = sub.add_parser("reproduce", help="train every variant x seed of a protocol (finished runs are skipped)")
-    r.add_argument("--seeds", type=_seed, default=None, help="number of seeds 0..n-1 (default: the protocol's)")
-    r.add_argument("--variants", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}")
+    r = sub.add_parser(
+        "reproduce", help="train every variant x seed of a protocol (finished runs are skipped)"
+    )
+    r.add_argument(
+        "--seeds", type=_seed, default=None, help="number of seeds 0..n-1 (default: the protocol's)"
+    )
+    r.add_argument(
+        "--variants", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}"
+    )
     _common(r)
     r.set_defaults(func=_cmd_reproduce)
     add_distributed(r)

@@ -32,7 +32,9 @@ _BAD_INPUT = {"tried": 0, "failed": 0}
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "bad_input: one bad-input case (counted in the terminal summary)")
+    config.addinivalue_line(
+        "markers", "bad_input: one bad-input case (counted in the terminal summary)"
+    )
 
 
 def pytest_runtest_logreport(report):

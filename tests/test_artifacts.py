@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from diagsink._io import sha256_file
-from diagsink.artifacts import ArtifactError, checksum, load_artifact, load_results, validate_artifact, write_artifact
+from diagsink.artifacts import (
+    ArtifactError,
+    checksum,
+    load_artifact,
+    load_results,
+    validate_artifact,
+    write_artifact,
+)
 from diagsink.config import load_config, override
 from diagsink.train import toy_data, train_run
 
@@ -18,10 +25,17 @@ COMMITTED = sorted((ROOT / "book" / "results").glob("*/*.json"))
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
-    cfg = override(load_config("quick"), {
-        "model.d_model": 8, "model.n_heads": 2, "model.depth": 1, "train.epochs": 2,
-        "train.max_train_windows": 32, "train.batch_size": 16,
-    })
+    cfg = override(
+        load_config("quick"),
+        {
+            "model.d_model": 8,
+            "model.n_heads": 2,
+            "model.depth": 1,
+            "train.epochs": 2,
+            "train.max_train_windows": 32,
+            "train.batch_size": 16,
+        },
+    )
     out = tmp_path_factory.mktemp("res")
     art = train_run(cfg, "mask", 1, data=toy_data(), device="cpu", out_dir=out, progress=False)
     return out / "quick" / "mask_seed1.json", art
@@ -92,7 +106,9 @@ def test_committed_artifact_is_valid(path):
 def test_committed_results_load_per_protocol():
     for folder in {p.parent for p in COMMITTED}:
         arts = load_results(folder)
-        assert len({a["provenance"]["config_hash"] for a in arts}) == 1  # one config per protocol folder
+        assert (
+            len({a["provenance"]["config_hash"] for a in arts}) == 1
+        )  # one config per protocol folder
 
 
 def test_paired_comparison_and_t_quantile():
@@ -100,8 +116,15 @@ def test_paired_comparison_and_t_quantile():
 
     assert t_quantile(0.975, 2) == pytest.approx(4.303, abs=2e-3)
     assert t_quantile(0.975, 30) == pytest.approx(2.042, abs=2e-3)
-    arts = [{"variant": v, "seed": s, "metrics": {"MAE@3": base + (0.5 if v == "mask" else 0.0) + 0.01 * s * (v == "mask")}}
-            for s, base in enumerate([3.0, 3.2, 2.9]) for v in ("none", "mask")]
+    arts = [
+        {
+            "variant": v,
+            "seed": s,
+            "metrics": {"MAE@3": base + (0.5 if v == "mask" else 0.0) + 0.01 * s * (v == "mask")},
+        }
+        for s, base in enumerate([3.0, 3.2, 2.9])
+        for v in ("none", "mask")
+    ]
     out = paired_comparison(arts, "mask", "MAE@3")
     assert out["n"] == 3 and out["mean_diff"] == pytest.approx(0.51) and out["exceeds_noise"] == 1.0
 
@@ -114,6 +137,7 @@ def test_results_exercise_checks():
 
     def paired(a, b):
         import math
+
         d = [x - y for x, y in zip(a, b)]
         m = sum(d) / len(d)
         return m / (math.sqrt(sum((v - m) ** 2 for v in d) / (len(d) - 1)) / math.sqrt(len(d)))

@@ -66,7 +66,9 @@ def test_mask_gives_exact_zero_diagonal():
     layer = _layer(diag="mask")
     _, attn = layer(torch.randn(4, 9, 8, dtype=torch.float64), return_attention=True)
     assert bool((_diagonal(attn) == 0).all())
-    assert bool((attn + torch.eye(9, dtype=torch.float64) > 0).all()), "off-diagonal weights stay positive"
+    assert bool((attn + torch.eye(9, dtype=torch.float64) > 0).all()), (
+        "off-diagonal weights stay positive"
+    )
 
 
 def test_mask_with_one_step_raises_instead_of_nan():
@@ -126,7 +128,9 @@ def test_independent_patterns_differ_between_sequences_and_heads():
     flat = zero.reshape(-1, 12)
     distinct = {tuple(row.tolist()) for row in flat}
     assert len(distinct) > flat.shape[0] // 2, "patterns are drawn independently"
-    assert not bool((zero[..., 0, :] == zero[..., 1, :]).all()), "the two heads get different patterns"
+    assert not bool((zero[..., 0, :] == zero[..., 1, :]).all()), (
+        "the two heads get different patterns"
+    )
     assert 0.3 < float(zero.double().mean()) < 0.7, "about diag_p of the diagonal is dropped"
     assert layer.bias(x).shape == (4, 3, 2, 12, 12)
 
@@ -137,7 +141,9 @@ def test_fixed_dropped_pattern_is_honoured():
     dropped = torch.tensor([True, False, True, False, False])
     _, attn = layer(x, return_attention=True, dropped=dropped)
     torch.testing.assert_close(_diagonal(attn) == 0, dropped.expand(2, 2, 5))
-    per_head = torch.tensor([[True, False, False, False, False], [False, False, False, False, True]])
+    per_head = torch.tensor(
+        [[True, False, False, False, False], [False, False, False, False, True]]
+    )
     _, attn = layer(x, return_attention=True, dropped=per_head)
     torch.testing.assert_close(_diagonal(attn) == 0, per_head.expand(2, 2, 5))
 
@@ -159,7 +165,9 @@ def test_bad_dropped_pattern_raises(dropped, match):
 
 def test_dropped_with_another_diag_raises():
     with pytest.raises(ValueError, match="diag='dropout'"):
-        _layer(diag="penalty")(torch.randn(5, 8, dtype=torch.float64), dropped=torch.zeros(5, dtype=torch.bool))
+        _layer(diag="penalty")(
+            torch.randn(5, 8, dtype=torch.float64), dropped=torch.zeros(5, dtype=torch.bool)
+        )
 
 
 def test_penalty_is_added_after_the_scaling():
@@ -167,10 +175,14 @@ def test_penalty_is_added_after_the_scaling():
     x = torch.randn(2, 6, 12, dtype=torch.float64)
     plain = _by_hand_logits(layer, x)
     diff = layer.scores(x) - plain
-    torch.testing.assert_close(diff, -0.37 * torch.eye(6, dtype=torch.float64).expand_as(diff), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        diff, -0.37 * torch.eye(6, dtype=torch.float64).expand_as(diff), rtol=0, atol=1e-12
+    )
     # and the forward pass uses exactly these logits
     _, attn = layer(x, return_attention=True)
-    torch.testing.assert_close(attn, torch.softmax(plain - 0.37 * torch.eye(6, dtype=torch.float64), -1))
+    torch.testing.assert_close(
+        attn, torch.softmax(plain - 0.37 * torch.eye(6, dtype=torch.float64), -1)
+    )
 
 
 def test_scores_without_regularizer_are_plain_scaled_dot_products():
@@ -191,7 +203,9 @@ def test_residual_false_drops_only_the_identity():
 def test_normalisation_by_hand(norm):
     layer = _layer(norm=norm)
     plain = _layer(residual=False)
-    plain.load_state_dict({k: v for k, v in layer.state_dict().items() if not k.startswith("norm.")})
+    plain.load_state_dict(
+        {k: v for k, v in layer.state_dict().items() if not k.startswith("norm.")}
+    )
     x = torch.randn(3, 7, 8, dtype=torch.float64)
     ln = layer.norm
     expected = ln(x + plain(x)) if norm == "post" else x + plain(ln(x))
@@ -256,7 +270,10 @@ def test_bias_is_not_corrupted_by_callers():
     b.fill_(100.0)  # a caller that modifies what it got must not change the layer
     torch.testing.assert_close(layer.bias(x), -0.5 * torch.eye(5, dtype=torch.float64))
     layer.diag_penalty = -0.25  # changing the attribute takes effect (no stale cache)
-    torch.testing.assert_close(layer.scores(x) - _by_hand_logits(layer, x), -0.25 * torch.eye(5, dtype=torch.float64).expand(2, 5, 5))
+    torch.testing.assert_close(
+        layer.scores(x) - _by_hand_logits(layer, x),
+        -0.25 * torch.eye(5, dtype=torch.float64).expand(2, 5, 5),
+    )
 
 
 @pytest.mark.parametrize("diag", ["mask", "penalty"])
@@ -281,7 +298,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["f64", "f32"]
+)
 @pytest.mark.parametrize("diag, pattern", CASES, ids=[f"{d}-{p}" for d, p in CASES])
 @pytest.mark.parametrize("heads", [1, 4])
 def test_fast_path_equals_explicit_path(diag, pattern, dtype, tol, heads):
@@ -303,7 +322,9 @@ def test_fast_path_equals_explicit_path(diag, pattern, dtype, tol, heads):
         assert torch.equal(_diagonal(attn) == 0, dropped.expand(B, N, heads, T))
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["f64", "f32"]
+)
 def test_fast_path_equals_explicit_path_with_everything_on(dtype, tol):
     layer = ds.TemporalAttention(16, 4, diag="penalty", norm="pre", pos_encoding="tape").to(dtype)
     x = torch.randn(2, 3, 12, 16, dtype=dtype)
@@ -319,22 +340,31 @@ def test_pack_groups_is_the_largest_divisor_that_fits():
     for n_seq in range(1, 50):
         for T in range(1, P + 2):
             G = ds.attention.pack_groups(n_seq, T, CPU)
-            fits = [g for g in range(1, n_seq + 1) if n_seq % g == 0 and g * T <= P] if 2 * T <= P else []
+            fits = (
+                [g for g in range(1, n_seq + 1) if n_seq % g == 0 and g * T <= P]
+                if 2 * T <= P
+                else []
+            )
             assert G == max(fits, default=1), (n_seq, T, G)
     assert ds.attention.pack_groups(828, 12, CPU) == 2  # METR-LA-like: 4 x 207 sequences of T = 12
 
 
 @pytest.mark.parametrize("why", ["attention dropout", "not the CPU", "long sequences"])
 def test_pack_groups_declines(why):
-    args = {"attention dropout": (828, 12, CPU, 0.1), "not the CPU": (828, 12, torch.device("meta"), 0.0),
-            "long sequences": (828, ds.attention.PACK_LENGTH // 2 + 1, CPU, 0.0)}[why]
+    args = {
+        "attention dropout": (828, 12, CPU, 0.1),
+        "not the CPU": (828, 12, torch.device("meta"), 0.0),
+        "long sequences": (828, ds.attention.PACK_LENGTH // 2 + 1, CPU, 0.0),
+    }[why]
     assert ds.attention.pack_groups(*args) == 1
 
 
 def test_pack_diagonal_bias_known_answer():
     inf = float("-inf")
     got = ds.attention.pack_diagonal_bias(torch.tensor([1.0, 2.0]), 2)
-    want = torch.tensor([[1.0, 0, inf, inf], [0, 2.0, inf, inf], [inf, inf, 1.0, 0], [inf, inf, 0, 2.0]])
+    want = torch.tensor(
+        [[1.0, 0, inf, inf], [0, 2.0, inf, inf], [inf, inf, 1.0, 0], [inf, inf, 0, 2.0]]
+    )
     assert torch.equal(got, want)
 
 
@@ -345,7 +375,9 @@ def test_pack_diagonal_bias_per_head_and_per_sequence():
     assert got.shape == (H, G * T, G * T)
     for h in range(H):
         torch.testing.assert_close(got[h], ds.attention.pack_diagonal_bias(per_head[h], G))
-    per_sequence = torch.randn(4, H, T)  # 4 sequences -> 2 packs; sequence s*G + g is part g of pack s
+    per_sequence = torch.randn(
+        4, H, T
+    )  # 4 sequences -> 2 packs; sequence s*G + g is part g of pack s
     got = ds.attention.pack_diagonal_bias(per_sequence, G)
     assert got.shape == (2, H, G * T, G * T)
     for s in range(2):
@@ -362,8 +394,12 @@ def test_packed_fast_path_equals_unpacked_with_gradients(diag, pattern, monkeypa
     assert ds.attention.pack_groups(B * N, T, CPU) == 4  # this test packs 4 sequences of 6 steps
     layer = _layer(c=C, h=H, diag=diag, diag_p=0.4).train()
     x = torch.randn(B, N, T, C, dtype=torch.float64, requires_grad=True)
-    dropped = {None: None, "shared": torch.rand(T) < 0.4, "per-head": torch.rand(H, T) < 0.4,
-               "independent": torch.rand(B, N, H, T) < 0.4}[pattern]
+    dropped = {
+        None: None,
+        "shared": torch.rand(T) < 0.4,
+        "per-head": torch.rand(H, T) < 0.4,
+        "independent": torch.rand(B, N, H, T) < 0.4,
+    }[pattern]
     if diag == "dropout" and dropped is None:
         layer.eval()  # dropout without a pattern: eval mode, no bias at all
 
@@ -388,7 +424,9 @@ def test_the_path_tests_above_pack():
 def _mha_copy(layer: ds.TemporalAttention) -> nn.MultiheadAttention:
     mha = nn.MultiheadAttention(layer.d_model, layer.n_heads, batch_first=True, dtype=torch.float64)
     with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight]))
+        mha.in_proj_weight.copy_(
+            torch.cat([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight])
+        )
         mha.in_proj_bias.copy_(torch.cat([layer.q_proj.bias, layer.k_proj.bias, layer.v_proj.bias]))
         mha.out_proj.weight.copy_(layer.out_proj.weight)
         mha.out_proj.bias.copy_(layer.out_proj.bias)
@@ -403,7 +441,9 @@ def test_equals_multihead_attention(diag, heads):
     mha = _mha_copy(layer)
     x = torch.randn(5, T, C, dtype=torch.float64)
     eye = torch.eye(T, dtype=torch.bool)
-    attn_mask = {None: None, "penalty": -0.3 * eye.double(), "mask": eye}[diag]  # bool: True = not allowed
+    attn_mask = {None: None, "penalty": -0.3 * eye.double(), "mask": eye}[
+        diag
+    ]  # bool: True = not allowed
     ref, ref_w = mha(x, x, x, attn_mask=attn_mask, need_weights=True, average_attn_weights=False)
     y, w = layer(x, return_attention=True)
     torch.testing.assert_close(layer(x), ref, rtol=1e-10, atol=1e-10)
@@ -423,7 +463,10 @@ def test_equals_multihead_attention(diag, heads):
         ({"diag": "dropout", "diag_p": 1.0}, ["diag_p=1.0", "[0, 1)"]),
         ({"diag": "dropout", "diag_p": -0.1}, ["diag_p=-0.1", "[0, 1)"]),
         ({"diag": "dropout", "diag_p": float("nan")}, ["diag_p=nan", "[0, 1)"]),
-        ({"diag": "penalty", "diag_penalty": float("-inf")}, ["diag_penalty=-inf", "finite", "diag='mask'"]),
+        (
+            {"diag": "penalty", "diag_penalty": float("-inf")},
+            ["diag_penalty=-inf", "finite", "diag='mask'"],
+        ),
         ({"diag": "penalty", "diag_penalty": float("nan")}, ["diag_penalty=nan", "finite"]),
         ({"norm": "layer"}, ["norm='layer'", "'post'", "'pre'"]),
         ({"pos_encoding": "rope"}, ["pos_encoding='rope'", "'sinusoidal'", "'tape'", "'learned'"]),
@@ -483,14 +526,24 @@ def test_integer_input_raises():
     shared=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_property_rows_sum_to_one_and_masked_entries_are_zero(lead, T, heads, d_head, diag, p, penalty, shared, seed):
+def test_property_rows_sum_to_one_and_masked_entries_are_zero(
+    lead, T, heads, d_head, diag, p, penalty, shared, seed
+):
     if diag == "mask" and T == 1:
         return  # covered by test_mask_with_one_step_raises_instead_of_nan
     torch.manual_seed(seed)
     C = heads * d_head
-    layer = ds.TemporalAttention(C, heads, diag=diag, diag_p=p, diag_penalty=penalty, diag_shared=shared).double().train()
+    layer = (
+        ds.TemporalAttention(
+            C, heads, diag=diag, diag_p=p, diag_penalty=penalty, diag_shared=shared
+        )
+        .double()
+        .train()
+    )
     x = torch.randn(*lead, T, C, dtype=torch.float64)
-    dropped = (torch.rand(*lead, heads, T) < p) if (diag == "dropout" and T > 1 and not shared) else None
+    dropped = (
+        (torch.rand(*lead, heads, T) < p) if (diag == "dropout" and T > 1 and not shared) else None
+    )
     y, attn = layer(x, return_attention=True, dropped=dropped)
     assert attn.shape == (*lead, heads, T, T)
     assert torch.isfinite(y).all()
@@ -507,29 +560,72 @@ def test_property_rows_sum_to_one_and_masked_entries_are_zero(lead, T, heads, d_
 
 # ------------------------------------------------------------------------------- exercise checks
 SOLUTIONS = {
-    "ex-attention-penalty": lambda q, k, penalty: q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    + penalty * torch.eye(q.shape[-2], dtype=q.dtype),
-    "ex-attention-mask": lambda s: torch.softmax(s.masked_fill(torch.eye(s.shape[-1], dtype=torch.bool), float("-inf")), -1),
+    "ex-attention-penalty": lambda q, k, penalty: (
+        q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        + penalty * torch.eye(q.shape[-2], dtype=q.dtype)
+    ),
+    "ex-attention-mask": lambda s: torch.softmax(
+        s.masked_fill(torch.eye(s.shape[-1], dtype=torch.bool), float("-inf")), -1
+    ),
     "ex-attention-tape": lambda T, C: ds.tape_table(T, C),
     "ex-attention-pack": lambda T, G: torch.zeros(G * T, G * T).masked_fill(
-        ~torch.block_diag(*[torch.ones(T, T)] * G).bool(), float("-inf")),
+        ~torch.block_diag(*[torch.ones(T, T)] * G).bool(), float("-inf")
+    ),
 }
 
 WRONG = [
-    ("ex-attention-penalty", lambda q, k, p: q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + p, "every entry"),
-    ("ex-attention-penalty", lambda q, k, p: (q @ k.transpose(-1, -2) + p * torch.eye(q.shape[-2], dtype=q.dtype)) / math.sqrt(q.shape[-1]), "after the scaling"),
-    ("ex-attention-penalty", lambda q, k, p: q @ k.transpose(-1, -2) + p * torch.eye(q.shape[-2], dtype=q.dtype), "sqrt(d)"),
-    ("ex-attention-mask", lambda s: torch.softmax(s, -1) * (1 - torch.eye(s.shape[-1], dtype=s.dtype)), "after the softmax"),
-    ("ex-attention-mask", lambda s: torch.softmax(s.masked_fill(torch.eye(s.shape[-1], dtype=torch.bool), 0.0), -1), "-inf"),
+    (
+        "ex-attention-penalty",
+        lambda q, k, p: q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + p,
+        "every entry",
+    ),
+    (
+        "ex-attention-penalty",
+        lambda q, k, p: (
+            (q @ k.transpose(-1, -2) + p * torch.eye(q.shape[-2], dtype=q.dtype))
+            / math.sqrt(q.shape[-1])
+        ),
+        "after the scaling",
+    ),
+    (
+        "ex-attention-penalty",
+        lambda q, k, p: q @ k.transpose(-1, -2) + p * torch.eye(q.shape[-2], dtype=q.dtype),
+        "sqrt(d)",
+    ),
+    (
+        "ex-attention-mask",
+        lambda s: torch.softmax(s, -1) * (1 - torch.eye(s.shape[-1], dtype=s.dtype)),
+        "after the softmax",
+    ),
+    (
+        "ex-attention-mask",
+        lambda s: torch.softmax(s.masked_fill(torch.eye(s.shape[-1], dtype=torch.bool), 0.0), -1),
+        "-inf",
+    ),
     ("ex-attention-mask", lambda s: torch.softmax(s, -1), "not masked"),
     ("ex-attention-tape", lambda T, C: ds.sinusoidal_table(T, C), "C / T"),
     ("ex-attention-tape", lambda T, C: ds.tape_table(T, C).T, "[T, C]"),
-    ("ex-attention-pack", lambda T, G: torch.zeros(G * T, G * T).masked_fill(
-        torch.block_diag(*[torch.ones(T, T)] * G).bool(), float("-inf")), "swapped"),
-    ("ex-attention-pack", lambda T, G: torch.zeros(G * T, G * T).masked_fill(
-        ~torch.kron(torch.ones(G, G), torch.eye(T)).bool(), float("-inf")), "one after another"),
-    ("ex-attention-pack", lambda T, G: torch.zeros(G * T, G * T).masked_fill(
-        ~torch.block_diag(*[torch.ones(T, T)] * G).bool(), -1e9), "-inf"),
+    (
+        "ex-attention-pack",
+        lambda T, G: torch.zeros(G * T, G * T).masked_fill(
+            torch.block_diag(*[torch.ones(T, T)] * G).bool(), float("-inf")
+        ),
+        "swapped",
+    ),
+    (
+        "ex-attention-pack",
+        lambda T, G: torch.zeros(G * T, G * T).masked_fill(
+            ~torch.kron(torch.ones(G, G), torch.eye(T)).bool(), float("-inf")
+        ),
+        "one after another",
+    ),
+    (
+        "ex-attention-pack",
+        lambda T, G: torch.zeros(G * T, G * T).masked_fill(
+            ~torch.block_diag(*[torch.ones(T, T)] * G).bool(), -1e9
+        ),
+        "-inf",
+    ),
     ("ex-attention-pack", lambda T, G: torch.zeros(T, T), "[G T, G T]"),
 ]
 
@@ -541,7 +637,9 @@ def test_exercise_reference_passes(label):
         assert exercises.check(label, SOLUTIONS[label], strict=True).passed
 
 
-@pytest.mark.parametrize("label, answer, words", WRONG, ids=[f"{w[0]}-{i}" for i, w in enumerate(WRONG)])
+@pytest.mark.parametrize(
+    "label, answer, words", WRONG, ids=[f"{w[0]}-{i}" for i, w in enumerate(WRONG)]
+)
 def test_exercise_wrong_answer_gets_a_hint(label, answer, words):
     result = exercises.check(label, answer)
     assert not result.passed

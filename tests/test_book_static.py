@@ -80,7 +80,11 @@ def test_every_figure_cell_has_alt_text(path: Path):
 
 def _headings(path: Path) -> list[tuple[int, str]]:
     """Markdown headings (level, text) in order, outside fenced code and directives."""
-    texts = [_src(c) for c in _cells(path) if c["cell_type"] == "markdown"] if path.suffix == ".ipynb" else [path.read_text()]
+    texts = (
+        [_src(c) for c in _cells(path) if c["cell_type"] == "markdown"]
+        if path.suffix == ".ipynb"
+        else [path.read_text()]
+    )
     out: list[tuple[int, str]] = []
     for text in texts:
         fence: str | None = None
@@ -107,15 +111,21 @@ def test_headings_form_a_hierarchy(path: Path):
     heads = _headings(path)
     assert heads, f"{path.name}: no heading; start with one '# Title'"
     titles = [t for level, t in heads if level == 1]
-    assert len(titles) == 1, f"{path.name}: {len(titles)} '#' headings {titles}, expected exactly one title"
+    assert len(titles) == 1, (
+        f"{path.name}: {len(titles)} '#' headings {titles}, expected exactly one title"
+    )
     assert heads[0][0] == 1, f"{path.name}: the first heading must be the '#' title, got {heads[0]}"
     for (prev, _), (level, text) in zip(heads, heads[1:]):
-        assert level <= prev + 1, f"{path.name}: heading {'#' * level} {text!r} skips a level after a level-{prev} heading"
+        assert level <= prev + 1, (
+            f"{path.name}: heading {'#' * level} {text!r} skips a level after a level-{prev} heading"
+        )
 
 
 def test_heading_parser_sees_through_code_fences(tmp_path: Path):
     page = tmp_path / "page.md"
-    page.write_text("# Title\n\n```bash\n# a comment, not a heading\n```\n\n## Part\n\n````md\n# also code\n````\n### Sub\n")
+    page.write_text(
+        "# Title\n\n```bash\n# a comment, not a heading\n```\n\n## Part\n\n````md\n# also code\n````\n### Sub\n"
+    )
     assert _headings(page) == [(1, "Title"), (2, "Part"), (3, "Sub")]
 
 
@@ -132,10 +142,14 @@ def test_api_page_documents_every_module():
     api = (ROOT / "book" / "api.md").read_text()
     documented = set(re.findall(r"^\.\. automodule:: (diagsink[\w.]*)\s*$", api, re.MULTILINE))
     modules = {"diagsink"} | {
-        f"diagsink.{p.stem}" for p in (ROOT / "diagsink").glob("*.py") if p.stem not in {"__init__", "__main__"}
+        f"diagsink.{p.stem}"
+        for p in (ROOT / "diagsink").glob("*.py")
+        if p.stem not in {"__init__", "__main__"}
     }
     modules |= {f"diagsink.{p.parent.name}" for p in (ROOT / "diagsink").glob("*/__init__.py")}
     missing = sorted(modules - documented)
-    assert not missing, f"book/api.md lacks an automodule for {missing} (see 'Adding a module to this page')"
+    assert not missing, (
+        f"book/api.md lacks an automodule for {missing} (see 'Adding a module to this page')"
+    )
     extra = sorted(documented - modules)
     assert not extra, f"book/api.md documents modules that do not exist: {extra}"

@@ -50,12 +50,18 @@ SOLUTION = (
 
 def demo_notebook(*, solution_tags=("exercise-solution",), stub=STUB, check_label=LABEL):
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nb.cells = [
         _md("# Demo chapter\n\nSome text."),
         _code("import diagsink as ds\nimport torch\nprint(ds.settings().mode)"),
         _code("x = torch.ones(3)\nassert x.sum() == 3"),
-        _md(f"## Exercises\n\n```{{exercise}} Softmax over rows\n:label: {LABEL}\n\nWrite `row_softmax`.\n```"),
+        _md(
+            f"## Exercises\n\n```{{exercise}} Softmax over rows\n:label: {LABEL}\n\nWrite `row_softmax`.\n```"
+        ),
         _code(stub, "exercise-stub"),
         _md(f"```{{solution-start}} {LABEL}\n:class: dropdown\n```"),
         _code(SOLUTION, *solution_tags),
@@ -73,7 +79,9 @@ def mini_book(tmp_path: Path) -> Path:
         "format: jb-book\nroot: book/intro\nparts:\n  - caption: Demo\n    chapters:\n      - file: book/demo\n"
     )
     (root / "book" / "intro.md").write_text("# Intro\n")
-    (root / "book" / "results" / "quick").mkdir(parents=True)  # artifacts the chapters read by relative path
+    (root / "book" / "results" / "quick").mkdir(
+        parents=True
+    )  # artifacts the chapters read by relative path
     (root / "book" / "results" / "quick" / "run.json").write_text('{"mae": 1.0}')
     (root / "book" / "_static").mkdir()
     (root / "book" / "_static" / "site.css").write_text("")
@@ -140,9 +148,17 @@ def test_student_version_drops_solutions_keeps_stubs_and_checks():
     student = course.student_version(nb, "book/demo.ipynb")
     text = _sources(student)
     assert "amax" not in text and "solution-start" not in text and "solution-end" not in text
-    assert f'NotImplementedError("{LABEL}")' in text and f'check("{LABEL}"' in text and "{exercise}" in text
+    assert (
+        f'NotImplementedError("{LABEL}")' in text
+        and f'check("{LABEL}"' in text
+        and "{exercise}" in text
+    )
     assert len(student.cells) == len(nb.cells) - 3
-    assert all(c.outputs == [] and c.execution_count is None for c in student.cells if c.cell_type == "code")
+    assert all(
+        c.outputs == [] and c.execution_count is None
+        for c in student.cells
+        if c.cell_type == "code"
+    )
     assert student.metadata["diagsink"]["edition"] == "student"
     assert nb.cells[1].outputs, "the source notebook must not be modified"
     instructor = course.instructor_version(nb)
@@ -160,9 +176,15 @@ def test_pattern_is_valid_for_the_demo():
     "broken, expected",
     [
         (dict(solution_tags=()), "must be tagged"),  # untagged solution would leak to students
-        (dict(stub='def row_softmax(s):\n    raise NotImplementedError("ex-course-other")\n'), "must raise"),
+        (
+            dict(stub='def row_softmax(s):\n    raise NotImplementedError("ex-course-other")\n'),
+            "must raise",
+        ),
         (dict(check_label="ex-course-typo"), "0 check cells"),
-        (dict(stub="def other(s):\n    raise NotImplementedError('ex-course-softmax')\n"), "does not redefine"),
+        (
+            dict(stub="def other(s):\n    raise NotImplementedError('ex-course-softmax')\n"),
+            "does not redefine",
+        ),
     ],
 )
 def test_pattern_problems_are_found(broken, expected):
@@ -186,7 +208,9 @@ def test_export_cli_writes_student_and_instructor(mini_book: Path, tmp_path: Pat
     assert "amax" not in _sources(student) and "amax" in _sources(instructor)
     assert sorted(p.name for p in out.iterdir()) == ["instructor", "student"]  # no staging left
     for edition in ("student", "instructor"):  # folders next to the chapters travel with them
-        assert json.loads((out / edition / "results" / "quick" / "run.json").read_text()) == {"mae": 1.0}
+        assert json.loads((out / edition / "results" / "quick" / "run.json").read_text()) == {
+            "mae": 1.0
+        }
         assert not (out / edition / "_static").exists()
     # a second export replaces the first (the folders are ours: they carry the marker)
     (out / "student" / "stale.ipynb").write_text("{}")
@@ -277,21 +301,29 @@ def test_chapter_follows_the_exercise_pattern(path: Path):
 def test_chapter_ends_with_two_to_four_exercises(path: Path):
     nb = nbformat.read(str(path), as_version=4)
     exercises = [ex for ex in course.exercises_of(nb).values() if ex.stubs]
-    assert 2 <= len(exercises) <= 4, f"{path.name}: {len(exercises)} exercises with code, expected 2-4"
+    assert 2 <= len(exercises) <= 4, (
+        f"{path.name}: {len(exercises)} exercises with code, expected 2-4"
+    )
     first = min(i for ex in exercises for i in ex.directive + ex.stubs)
     later_code = [
         i
         for i, c in enumerate(nb.cells[first:], start=first)
-        if c.cell_type == "code" and not set(c.metadata.get("tags", [])) & {course.STUB_TAG, course.SOLUTION_TAG, course.CHECK_TAG}
+        if c.cell_type == "code"
+        and not set(c.metadata.get("tags", []))
+        & {course.STUB_TAG, course.SOLUTION_TAG, course.CHECK_TAG}
     ]
-    assert not later_code, f"{path.name}: the exercises must end the chapter; untagged code cells {later_code} follow them"
+    assert not later_code, (
+        f"{path.name}: the exercises must end the chapter; untagged code cells {later_code} follow them"
+    )
 
 
 def test_every_registered_check_belongs_to_an_exercise():
     used = set()
     for path in CHAPTERS:
         used |= set(course.exercises_of(nbformat.read(str(path), as_version=4)))
-    used |= {LABEL} if f":label: {LABEL}" in (ROOT / "book" / "instructors.md").read_text() else set()
+    used |= (
+        {LABEL} if f":label: {LABEL}" in (ROOT / "book" / "instructors.md").read_text() else set()
+    )
     orphans = sorted(set(ds.exercises.labels()) - used)
     assert not orphans, f"checks registered for exercises that no chapter has: {orphans}"
 
@@ -322,7 +354,11 @@ def _run_both_editions(student_path: Path, instructor_path: Path, cwd: Path) -> 
     combined = nbformat.v4.new_notebook(metadata=instructor.metadata)
     combined.cells = instructor.cells[:p] + student.cells[p:] + instructor.cells[p:]
     NotebookClient(
-        combined, timeout=600, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(cwd)}}
+        combined,
+        timeout=600,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(cwd)}},
     ).execute()
     problems = []
     for i, cell in enumerate(combined.cells):
@@ -338,21 +374,34 @@ def _run_both_editions(student_path: Path, instructor_path: Path, cwd: Path) -> 
         if part == "student" and course.CHECK_TAG in tags:
             labels = course._check_labels("".join(cell.source))
             if not any(e.ename == "NotImplementedError" and e.evalue in labels for e in errors):
-                problems.append(f"{student_path.name}: the student's check of {labels} did not hit the stub's NotImplementedError")
+                problems.append(
+                    f"{student_path.name}: the student's check of {labels} did not hit the stub's NotImplementedError"
+                )
     return problems
 
 
 def test_mini_book_editions_execute(mini_book: Path, tmp_path: Path):
     out = tmp_path / "out"
     course.export(out, source=mini_book)
-    assert _run_both_editions(out / "student" / "demo.ipynb", out / "instructor" / "demo.ipynb", out / "student") == []
+    assert (
+        _run_both_editions(
+            out / "student" / "demo.ipynb", out / "instructor" / "demo.ipynb", out / "student"
+        )
+        == []
+    )
     # and the harness really catches a wrong solution
     nbformat.write(demo_notebook(), str(mini_book / "book" / "demo.ipynb"))
     nb = nbformat.read(str(mini_book / "book" / "demo.ipynb"), as_version=4)
-    nb.cells[6].source = "def row_softmax(scores):\n    return scores.exp() / scores.exp().sum(-1, keepdim=True)\n"
+    nb.cells[
+        6
+    ].source = (
+        "def row_softmax(scores):\n    return scores.exp() / scores.exp().sum(-1, keepdim=True)\n"
+    )
     nbformat.write(nb, str(mini_book / "book" / "demo.ipynb"))
     course.export(out, source=mini_book)
-    problems = _run_both_editions(out / "student" / "demo.ipynb", out / "instructor" / "demo.ipynb", out / "student")
+    problems = _run_both_editions(
+        out / "student" / "demo.ipynb", out / "instructor" / "demo.ipynb", out / "student"
+    )
     assert len(problems) == 1 and "instructor" in problems[0] and "ExerciseFailed" in problems[0]
 
 
@@ -379,8 +428,12 @@ def test_grade_submissions(mini_book: Path, tmp_path: Path, capsys):
     out = tmp_path / "out"
     course.export(out, source=mini_book, solutions=False)
     student = nbformat.read(str(out / "student" / "demo.ipynb"), as_version=4)
-    stub_index = next(i for i, c in enumerate(student.cells) if course.STUB_TAG in c.metadata.get("tags", []))
-    check_index = next(i for i, c in enumerate(student.cells) if course.CHECK_TAG in c.metadata.get("tags", []))
+    stub_index = next(
+        i for i, c in enumerate(student.cells) if course.STUB_TAG in c.metadata.get("tags", [])
+    )
+    check_index = next(
+        i for i, c in enumerate(student.cells) if course.CHECK_TAG in c.metadata.get("tags", [])
+    )
     subs = tmp_path / "submissions"
     subs.mkdir()
     nbformat.write(student, str(subs / "untouched.ipynb"))
@@ -388,12 +441,19 @@ def test_grade_submissions(mini_book: Path, tmp_path: Path, capsys):
     solved.cells[stub_index].source = SOLUTION
     nbformat.write(solved, str(subs / "solved.ipynb"))
     wrong = nbformat.from_dict(json.loads(nbformat.writes(student)))
-    wrong.cells[stub_index].source = "def row_softmax(scores):\n    return torch.softmax(scores, dim=-2)\n"
-    wrong.cells[check_index].source = 'print("PASS [ex-course-softmax]")'  # tampering changes nothing
+    wrong.cells[
+        stub_index
+    ].source = "def row_softmax(scores):\n    return torch.softmax(scores, dim=-2)\n"
+    wrong.cells[
+        check_index
+    ].source = 'print("PASS [ex-course-softmax]")'  # tampering changes nothing
     nbformat.write(wrong, str(subs / "wrong.ipynb"))
     report = tmp_path / "grades.json"
     args = ["course", "grade", "--source", str(mini_book), "--json", str(report)]
-    assert main(args + [str(subs / n) for n in ("untouched.ipynb", "solved.ipynb", "wrong.ipynb")]) == 0
+    assert (
+        main(args + [str(subs / n) for n in ("untouched.ipynb", "solved.ipynb", "wrong.ipynb")])
+        == 0
+    )
     grades = {Path(k).stem: v[0] for k, v in json.loads(report.read_text()).items()}
     assert grades["untouched"]["status"] == "not attempted"
     assert grades["solved"]["status"] == "pass"
@@ -404,6 +464,8 @@ def test_grade_submissions(mini_book: Path, tmp_path: Path, capsys):
 def test_course_check_cli(mini_book: Path, capsys):
     assert main(["course", "check", "--source", str(mini_book)]) == 0
     assert "1 exercises" in capsys.readouterr().out
-    nbformat.write(demo_notebook(check_label="ex-course-typo"), str(mini_book / "book" / "demo.ipynb"))
+    nbformat.write(
+        demo_notebook(check_label="ex-course-typo"), str(mini_book / "book" / "demo.ipynb")
+    )
     assert main(["course", "check", "--source", str(mini_book)]) == 2
     assert "0 check cells" in capsys.readouterr().err

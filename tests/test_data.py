@@ -24,7 +24,9 @@ def _has_real_data(root: Path) -> bool:
     return D.find_speed_file(root) is not None and (root / "graph_sensor_ids.txt").is_file()
 
 
-needs_real = pytest.mark.skipif(not _has_real_data(SHARED), reason=f"METR-LA not found in {SHARED} (set DIAGSINK_DATA)")
+needs_real = pytest.mark.skipif(
+    not _has_real_data(SHARED), reason=f"METR-LA not found in {SHARED} (set DIAGSINK_DATA)"
+)
 
 
 # ---------------------------------------------------------------- a small synthetic data folder
@@ -55,15 +57,25 @@ def py2_pickle(obj) -> bytes:
 IDS = ["101", "102", "103", "104", "105"]
 
 
-def make_folder(root: Path, *, steps: int = 40, ids=IDS, speed=None, index=None, columns=None) -> Path:
+def make_folder(
+    root: Path, *, steps: int = 40, ids=IDS, speed=None, index=None, columns=None
+) -> Path:
     """A synthetic, valid data folder with 5 sensors (not real METR-LA data)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "graph_sensor_ids.txt").write_text(",".join(ids))
-    pd.DataFrame({"index": range(len(ids)), "sensor_id": ids, "latitude": np.linspace(34.0, 34.2, len(ids)),
-                  "longitude": np.linspace(-118.4, -118.2, len(ids))}).to_csv(root / "graph_sensor_locations.csv", index=False)
+    pd.DataFrame(
+        {
+            "index": range(len(ids)),
+            "sensor_id": ids,
+            "latitude": np.linspace(34.0, 34.2, len(ids)),
+            "longitude": np.linspace(-118.4, -118.2, len(ids)),
+        }
+    ).to_csv(root / "graph_sensor_locations.csv", index=False)
     adj = np.eye(len(ids), dtype=np.float32)
     adj[0, 1] = 0.5
-    (root / "adj_mx.pkl").write_bytes(py2_pickle((list(ids), {s: i for i, s in enumerate(ids)}, adj)))
+    (root / "adj_mx.pkl").write_bytes(
+        py2_pickle((list(ids), {s: i for i, s in enumerate(ids)}, adj))
+    )
     rng = np.random.default_rng(0)
     if speed is None:
         speed = rng.uniform(20, 70, size=(steps, len(ids)))
@@ -114,15 +126,24 @@ def test_missing_files_name_the_files_the_place_and_the_command(tmp_path):
     with pytest.raises(DataError) as err:
         D.load_metr_la(tmp_path / "empty", download=False)
     msg = str(err.value)
-    for needed in ("metr-la.h5", "graph_sensor_ids.txt", "graph_sensor_locations.csv", "adj_mx.pkl",
-                   str(tmp_path / "empty"), "diagsink data download", "drive.google.com"):
+    for needed in (
+        "metr-la.h5",
+        "graph_sensor_ids.txt",
+        "graph_sensor_locations.csv",
+        "adj_mx.pkl",
+        str(tmp_path / "empty"),
+        "diagsink data download",
+        "drive.google.com",
+    ):
         assert needed in msg
 
 
 def test_only_the_speed_file_missing(tmp_path):
     root = make_folder(tmp_path / "d")
     (root / "metr-la.h5").unlink()
-    with pytest.raises(DataError, match=r"missing in .*: metr-la.h5 or metr-la_first1026steps.h5\."):
+    with pytest.raises(
+        DataError, match=r"missing in .*: metr-la.h5 or metr-la_first1026steps.h5\."
+    ):
         D.load_metr_la(root, download=False)
 
 
@@ -145,8 +166,14 @@ def test_index_gap(tmp_path):
         D.load_metr_la(make_folder(tmp_path / "d", index=index))
 
 
-@pytest.mark.parametrize("bad, pattern", [(np.nan, "NaN or infinite.*fillna"), (np.inf, "NaN or infinite"),
-                                          (-3.0, "negative speeds.*Fix")])
+@pytest.mark.parametrize(
+    "bad, pattern",
+    [
+        (np.nan, "NaN or infinite.*fillna"),
+        (np.inf, "NaN or infinite"),
+        (-3.0, "negative speeds.*Fix"),
+    ],
+)
 def test_nan_inf_and_negative_speeds(tmp_path, bad, pattern):
     speed = np.full((30, 5), 50.0)
     speed[10, 2] = bad
@@ -178,7 +205,9 @@ def test_unexpected_pickle_global_is_refused(tmp_path):
         D.load_metr_la(root)
     # the class itself is refused by name, too
     with pytest.raises(DataError, match="refusing"):
-        D.RestrictedUnpickler.find_class(D.RestrictedUnpickler.__new__(D.RestrictedUnpickler), "builtins", "eval")
+        D.RestrictedUnpickler.find_class(
+            D.RestrictedUnpickler.__new__(D.RestrictedUnpickler), "builtins", "eval"
+        )
 
 
 def test_truncated_pickle_and_mismatched_ids(tmp_path):
@@ -209,20 +238,29 @@ def test_full_structure_check(tmp_path):
     index = pd.date_range("2012-03-01", periods=10, freq="5min")
     D.validate_speed_frame(pd.DataFrame(speed, index=index, columns=IDS), IDS)  # fine as a slice
     with pytest.raises(DataError, match="full METR-LA is 34272 x 207"):
-        D.validate_speed_frame(pd.DataFrame(speed, index=index, columns=IDS), IDS, require_full=True)
+        D.validate_speed_frame(
+            pd.DataFrame(speed, index=index, columns=IDS), IDS, require_full=True
+        )
 
 
 # ---------------------------------------------------------------- adjacency
 def test_gaussian_kernel_on_a_hand_made_table():
     ids = ["a", "b", "c"]
-    table = pd.DataFrame({"from": ["a", "a", "b", "b", "c", "a", "x"], "to": ["a", "b", "a", "c", "c", "c", "a"],
-                          "cost": [0.0, 100.0, 300.0, 200.0, 0.0, 900.0, 5.0]})
+    table = pd.DataFrame(
+        {
+            "from": ["a", "a", "b", "b", "c", "a", "x"],
+            "to": ["a", "b", "a", "c", "c", "c", "a"],
+            "cost": [0.0, 100.0, 300.0, 200.0, 0.0, 900.0, 5.0],
+        }
+    )
     adj = A.gaussian_kernel_adjacency(table, ids)
-    d = np.array([0.0, 100.0, 300.0, 200.0, 0.0, 900.0], dtype=np.float32)  # "x" is not a chosen sensor
+    d = np.array(
+        [0.0, 100.0, 300.0, 200.0, 0.0, 900.0], dtype=np.float32
+    )  # "x" is not a chosen sensor
     sigma = d.std()
     expect = np.zeros((3, 3), dtype=np.float32)
     for (i, j), dist in zip([(0, 0), (0, 1), (1, 0), (1, 2), (2, 2), (0, 2)], d):
-        w = np.exp(-(dist / sigma) ** 2)
+        w = np.exp(-((dist / sigma) ** 2))
         expect[i, j] = w if w >= 0.1 else 0.0
     assert adj.dtype == np.float32
     np.testing.assert_allclose(adj, expect, rtol=1e-6)
@@ -234,8 +272,10 @@ def test_gaussian_kernel_on_a_hand_made_table():
 def test_rebuilt_adjacency_equals_the_pickle():
     dist = SHARED / "distances_la_2012.csv"
     if not dist.is_file() or not (SHARED / "adj_mx.pkl").is_file():
-        pytest.skip(f"distances_la_2012.csv is not in {SHARED} (it is not shipped with the shared data; "
-                    "get it from DCRNN's data/sensor_graph/ to run this check)")
+        pytest.skip(
+            f"distances_la_2012.csv is not in {SHARED} (it is not shipped with the shared data; "
+            "get it from DCRNN's data/sensor_graph/ to run this check)"
+        )
     ids, _, adj = D.load_adj_pickle(SHARED / "adj_mx.pkl")
     table = pd.read_csv(dist, dtype={"from": "str", "to": "str"})
     rebuilt = A.gaussian_kernel_adjacency(table, ids)
@@ -277,7 +317,9 @@ def test_table_format_falls_back_to_pandas_with_the_same_result(tmp_path):
     frame = pd.read_hdf(root / "metr-la.h5", "df")
     (root / "metr-la.h5").unlink()
     frame.to_hdf(root / "metr-la.h5", key="df", format="table")
-    assert D._read_fixed_arrays(root / "metr-la.h5") is None  # not the fixed layout: pandas reads it
+    assert (
+        D._read_fixed_arrays(root / "metr-la.h5") is None
+    )  # not the fixed layout: pandas reads it
     table = D.load_metr_la(root)
     np.testing.assert_array_equal(table.speed, fixed.speed)
     assert (table.timestamps == fixed.timestamps).all() and table.speed.flags.writeable

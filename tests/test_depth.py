@@ -80,8 +80,12 @@ def test_network_jacobian_matches_autograd(seed, post_norm):
 
 def test_network_jacobian_leading_layernorm_and_regularizers():
     C, T = 8, 6
-    layers = [_layernorm(C, 1), J.init_layer(C, 2, seed=3, diag="penalty", diag_penalty=-0.3),
-              _layernorm(C, 2), J.init_layer(C, 1, seed=4, diag="mask")]
+    layers = [
+        _layernorm(C, 1),
+        J.init_layer(C, 2, seed=3, diag="penalty", diag_penalty=-0.3),
+        _layernorm(C, 2),
+        J.init_layer(C, 1, seed=4, diag="mask"),
+    ]
     x = torch.randn(T, C, dtype=f64)
     torch.testing.assert_close(D.network_jacobian(layers, x), _autograd(layers, x), **TOL)
 
@@ -100,8 +104,12 @@ def test_network_jacobian_bad_input():
 
 # ---- bounds at long sequences: a non-vacuous property test (T up to 64) -------------------
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(T=st.integers(2, 64), C=st.sampled_from([4, 8]), s=st.floats(0.02, 0.3),
-       seed=st.integers(0, 10_000))
+@given(
+    T=st.integers(2, 64),
+    C=st.sampled_from([4, 8]),
+    s=st.floats(0.02, 0.3),
+    seed=st.integers(0, 10_000),
+)
 def test_diag_lower_bound_holds_and_is_positive(T, C, s, seed):
     """Small q/k scale: ℓ > 0 is guaranteed (not vacuous) and σ_min(∂y_i/∂x_i) ≥ ℓ for all i."""
     layer = J.init_layer(C, 1, qk_scale=s, seed=seed)
@@ -130,7 +138,7 @@ def test_bound_constants_do_not_depend_on_T():
     for T in (8, 64, 512):
         x = J.sphere_inputs(T, C, torch.Generator().manual_seed(T))
         k = J.bound(layer, x).constants
-        nu, kap, rho, Q = k["nu"][0], k["kappa"][0], k["rho"][0], k["Q"][0]
+        nu, kap, _rho, Q = k["nu"][0], k["kappa"][0], k["rho"][0], k["Q"][0]
         assert k["R"] == pytest.approx(R)  # Q = ρR + ‖b_Q‖ is then T-free as well
         c = nu * (1 + kap * Q * k["D"] / math.sqrt(layer.d_head))
         c_ceiling = nu * (1 + 2 * kap * Q * R / math.sqrt(layer.d_head))
@@ -148,3 +156,14 @@ def test_sweep_labels_subset_maximum():
     assert full.max_exact == [True, True]
     # a subset maximum never exceeds the exact one (same layer and inputs: same seed)
     assert sweep.max["off"]["total"][1] <= full.max["off"]["total"][1] + 1e-12
+
+
+def test_public_names_under_diagsink_jacobian():
+    """The issue's public name ``diagsink.jacobian.network_jacobian`` is the depth module's function."""
+    import diagsink.depth
+    import diagsink.jacobian
+
+    assert diagsink.jacobian.network_jacobian is diagsink.depth.network_jacobian
+    assert diagsink.jacobian.layernorm_jacobian is diagsink.depth.layernorm_jacobian
+    with pytest.raises(AttributeError, match="no_such_name"):
+        diagsink.jacobian.no_such_name  # noqa: B018

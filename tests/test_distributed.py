@@ -32,9 +32,17 @@ DATA = Path(os.environ.get("DIAGSINK_DATA", "/work/shared/data/metr-la"))
 
 # 49 windows in global batches of 16: the last batch has 1 window, so rank 1 gets an empty shard.
 TINY = {
-    "model.d_model": 8, "model.n_heads": 2, "model.depth": 1, "model.node_embed_dim": 3, "model.dropout": 0.0,
-    "train.epochs": 3, "train.batch_size": 16, "train.eval_batch_size": 64, "train.max_train_windows": 49,
-    "train.warmup_epochs": 1, "train.lr": 1e-2,
+    "model.d_model": 8,
+    "model.n_heads": 2,
+    "model.depth": 1,
+    "model.node_embed_dim": 3,
+    "model.dropout": 0.0,
+    "train.epochs": 3,
+    "train.batch_size": 16,
+    "train.eval_batch_size": 64,
+    "train.max_train_windows": 49,
+    "train.warmup_epochs": 1,
+    "train.lr": 1e-2,
 }
 
 WORKER = textwrap.dedent(
@@ -71,20 +79,40 @@ def _env() -> dict[str, str]:
 def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER.replace("TINY", repr(TINY)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
-    ref = train_run(override(load_config("quick"), TINY), "penalty", 0, data=toy_data(), device="cpu", write=False,
-                    progress=False)
+    ref = train_run(
+        override(load_config("quick"), TINY),
+        "penalty",
+        0,
+        data=toy_data(),
+        device="cpu",
+        write=False,
+        progress=False,
+    )
     for got in ranks:
-        assert got["first"] == {} and got["resumed_from"] == 1  # interrupted after 1 epoch, then resumed
+        assert (
+            got["first"] == {} and got["resumed_from"] == 1
+        )  # interrupted after 1 epoch, then resumed
         assert got["best_epoch"] == ref["best_epoch"]
         assert got["processes"].startswith("DistributedDataParallel, 2 processes (gloo)")
         for key, value in ref["metrics"].items():
-            assert math.isclose(got["metrics"][key], value, rel_tol=1e-3), (key, got["metrics"][key], value)
+            assert math.isclose(got["metrics"][key], value, rel_tol=1e-3), (
+                key,
+                got["metrics"][key],
+                value,
+            )
         for a, b in zip(got["history"], ref["history"], strict=True):
             assert math.isclose(a["val_mae"], b["val_mae"], rel_tol=1e-3)
     # the runs are not trivially equal: training moved the validation error
@@ -97,18 +125,39 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (DATA / "adj_mx.npy").exists(), reason="METR-LA not available (DIAGSINK_DATA)")
+@pytest.mark.skipif(
+    not (DATA / "adj_mx.npy").exists(), reason="METR-LA not available (DIAGSINK_DATA)"
+)
 def test_cli_distributed_flag_runs_torchrun_and_writes_one_artifact(tmp_path):
     import yaml
 
     cfg = override(load_config("quick"), {**TINY, "train.epochs": 2, "train.max_train_windows": 32})
     cfg["protocol"] = "custom-ddp"
     (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "diagsink", "train", "--variant", "none", "--protocol", str(tmp_path / "ddp.yaml"),
-           "--device", "cpu", "--data", str(DATA), "--out", str(tmp_path / "out"), "--no-progress", "--distributed", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "diagsink",
+        "train",
+        "--variant",
+        "none",
+        "--protocol",
+        str(tmp_path / "ddp.yaml"),
+        "--device",
+        "cpu",
+        "--data",
+        str(DATA),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+        "--distributed",
+        "2",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("none seed 0: MAE@3") == 1, proc.stdout  # the summary line comes from rank 0 only
+    assert proc.stdout.count("none seed 0: MAE@3") == 1, (
+        proc.stdout
+    )  # the summary line comes from rank 0 only
     art = json.loads(run_paths(tmp_path / "out", "custom-ddp", "none", 0)["json"].read_text())
     assert art["provenance"]["processes"].startswith("DistributedDataParallel, 2 processes (gloo)")
     assert art["epochs_run"] == 2
@@ -132,8 +181,10 @@ def test_average_of_rank_gradients_is_the_global_masked_mae_gradient():
     (ref,) = torch.autograd.grad(masked_mae(pred, target), pred)
     for world in (1, 2, 3):
         count = (target != 0).sum()
-        grads = [torch.autograd.grad(rank_loss(pred[i], target[i], count, world), pred)[0]
-                 for i in torch.tensor_split(torch.arange(10), world)]
+        grads = [
+            torch.autograd.grad(rank_loss(pred[i], target[i], count, world), pred)[0]
+            for i in torch.tensor_split(torch.arange(10), world)
+        ]
         torch.testing.assert_close(sum(grads) / world, ref)
     # the naive per-rank mean is NOT the global loss when ranks hold different numbers of observed targets
     halves = torch.tensor_split(torch.arange(10), 2)
@@ -155,18 +206,42 @@ def test_launch_command_rebuilds_the_options_without_distributed():
     from diagsink.cli import build_parser
 
     parser = build_parser()
-    args = parser.parse_args(["train", "--variant", "mask", "--seed", "3", "--device", "cpu", "--no-progress",
-                              "--distributed", "4"])
+    args = parser.parse_args(
+        [
+            "train",
+            "--variant",
+            "mask",
+            "--seed",
+            "3",
+            "--device",
+            "cpu",
+            "--no-progress",
+            "--distributed",
+            "4",
+        ]
+    )
     train = parser._subparsers._group_actions[0].choices["train"]
     cmd = launch_command(train, args, args.distributed)
-    assert cmd[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m"]
+    assert cmd[:6] == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=4",
+        "-m",
+    ]
     rest = cmd[7:]
     assert rest[0] == "train" and "--distributed" not in rest and "--no-progress" in rest
     assert rest[rest.index("--variant") + 1] == "mask" and rest[rest.index("--seed") + 1] == "3"
     # parse the rebuilt command line again: the same options
     again = parser.parse_args(rest)
-    assert (again.variant, again.seed, again.device, again.no_progress, again.distributed) == ("mask", 3, "cpu", True,
-                                                                                              None)
+    assert (again.variant, again.seed, again.device, again.no_progress, again.distributed) == (
+        "mask",
+        3,
+        "cpu",
+        True,
+        None,
+    )
     # a bare --distributed means one process per GPU, or 2 on the CPU
     from diagsink.distributed import _default_nproc
 
@@ -183,7 +258,9 @@ def test_outside_torchrun_the_error_names_torchrun(monkeypatch):
 
 
 # -- sparse graphs ------------------------------------------------------------------------------------------
-@pytest.mark.skipif(not (DATA / "adj_mx.npy").exists(), reason="METR-LA not available (DIAGSINK_DATA)")
+@pytest.mark.skipif(
+    not (DATA / "adj_mx.npy").exists(), reason="METR-LA not available (DIAGSINK_DATA)"
+)
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_sparse_graph_conv_equals_dense_on_metr_la(adaptive):
     import numpy as np
@@ -198,8 +275,10 @@ def test_sparse_graph_conv_equals_dense_on_metr_la(adaptive):
     torch.manual_seed(0)
     dense = TSModel(207, supports, d_model=8, n_heads=2, depth=2, adaptive=adaptive, dropout=0.0)
     torch.manual_seed(0)
-    sparse = sparsify(TSModel(207, supports, d_model=8, n_heads=2, depth=2, adaptive=adaptive, dropout=0.0),
-                      force=True)
+    sparse = sparsify(
+        TSModel(207, supports, d_model=8, n_heads=2, depth=2, adaptive=adaptive, dropout=0.0),
+        force=True,
+    )
     assert all(isinstance(b.gconv, SparseDiffusionGraphConv) for b in sparse.blocks)
     assert all(b.gconv.support_0.is_sparse for b in sparse.blocks)
     x = torch.randn(2, 12, 207, 2)

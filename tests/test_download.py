@@ -16,8 +16,6 @@ import warnings
 import zipfile
 from pathlib import Path
 
-import _fileserver  # tests/_fileserver.py: the local HTTP server over in-memory files
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -28,6 +26,8 @@ from diagsink import download as DL
 from diagsink._io import sha256_file
 from diagsink.errors import DataError
 
+import _fileserver  # tests/_fileserver.py: the local HTTP server over in-memory files
+
 SHARED = ds.settings().data_root
 REAL_GRAPH = all((SHARED / n).is_file() for n in DL.GRAPH_BLOBS)
 _REAL_BLOBS = dict(DL.GRAPH_BLOBS)
@@ -37,7 +37,13 @@ def py2_pickle(obj) -> bytes:
     """A protocol-0 pickle whose arrays look like DCRNN's Python-2 file (raw bytes as latin-1 text)."""
 
     def to_str(x):
-        return x.decode("latin1") if isinstance(x, bytes) else tuple(map(to_str, x)) if isinstance(x, tuple) else x
+        return (
+            x.decode("latin1")
+            if isinstance(x, bytes)
+            else tuple(map(to_str, x))
+            if isinstance(x, tuple)
+            else x
+        )
 
     class Py2Pickler(pickle.Pickler):
         def reducer_override(self, o):
@@ -56,11 +62,15 @@ def _graph_files() -> dict[str, bytes]:
     if REAL_GRAPH:
         return {name: (SHARED / name).read_bytes() for name in DL.GRAPH_BLOBS}
     ids = [str(700000 + i) for i in range(D.N_SENSORS)]
-    locs = pd.DataFrame({"index": range(len(ids)), "sensor_id": ids, "latitude": 34.0, "longitude": -118.3})
+    locs = pd.DataFrame(
+        {"index": range(len(ids)), "sensor_id": ids, "latitude": 34.0, "longitude": -118.3}
+    )
     return {
         "graph_sensor_ids.txt": ",".join(ids).encode(),
         "graph_sensor_locations.csv": locs.to_csv(index=False).encode(),
-        "adj_mx.pkl": py2_pickle((ids, {s: i for i, s in enumerate(ids)}, np.eye(len(ids), dtype=np.float32))),
+        "adj_mx.pkl": py2_pickle(
+            (ids, {s: i for i, s in enumerate(ids)}, np.eye(len(ids), dtype=np.float32))
+        ),
     }
 
 
@@ -71,10 +81,14 @@ def files(tmp_path_factory) -> dict[str, bytes]:
     graph = _graph_files()
     ids = graph["graph_sensor_ids.txt"].decode().split(",")
     index = pd.date_range(D.FULL_START, periods=D.FULL_STEPS, freq="5min")
-    day = np.round(8 * (60 - 10 * np.sin(np.arange(288) / 288 * 2 * np.pi))) / 8  # synthetic, k/8 values
+    day = (
+        np.round(8 * (60 - 10 * np.sin(np.arange(288) / 288 * 2 * np.pi))) / 8
+    )  # synthetic, k/8 values
     speed = np.tile(day, D.FULL_STEPS // 288)[:, None] + np.zeros((1, len(ids)))
     speed[::97, ::5] = 0.0
-    pd.DataFrame(speed, index=index, columns=ids).to_hdf(folder / "full.h5", key="df", complevel=1, complib="zlib")
+    pd.DataFrame(speed, index=index, columns=ids).to_hdf(
+        folder / "full.h5", key="df", complevel=1, complib="zlib"
+    )
     short = pd.DataFrame(speed[:500], index=index[:500], columns=ids)
     short.to_hdf(folder / "short.h5", key="df", complevel=1, complib="zlib")
     good = (folder / "full.h5").read_bytes()
@@ -84,8 +98,12 @@ def files(tmp_path_factory) -> dict[str, bytes]:
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr("metr_la/metr_la.h5", good)
         zf.writestr("metr_la/sensor_ids_la.txt", ",".join(ids))
-    out = {"full.h5": good, "short.h5": (folder / "short.h5").read_bytes(), "corrupt.h5": bytes(corrupt),
-           "metr_la.zip": buf.getvalue()}
+    out = {
+        "full.h5": good,
+        "short.h5": (folder / "short.h5").read_bytes(),
+        "corrupt.h5": bytes(corrupt),
+        "metr_la.zip": buf.getvalue(),
+    }
     out.update(graph)
     return out
 
@@ -114,14 +132,23 @@ def point_at(monkeypatch, server, files):
     monkeypatch.setattr(DL, "EXPECTED_SHA256", hashlib.sha256(files["full.h5"]).hexdigest())
 
     def mirrors(*paths):
-        ms = [DL.Mirror(f"{server}/{p}", kind="zip" if p.endswith(".zip") else "h5", member="metr_la.h5") for p in paths]
+        ms = [
+            DL.Mirror(
+                f"{server}/{p}", kind="zip" if p.endswith(".zip") else "h5", member="metr_la.h5"
+            )
+            for p in paths
+        ]
         monkeypatch.setattr(DL, "SPEED_MIRRORS", ms)
 
     return mirrors
 
 
 def _no_leftovers(root: Path) -> None:
-    left = [p.name for p in root.iterdir() if p.name.endswith((".part", ".tmp")) or p.name.startswith(".")]
+    left = [
+        p.name
+        for p in root.iterdir()
+        if p.name.endswith((".part", ".tmp")) or p.name.startswith(".")
+    ]
     assert not left, f"half-written files left behind: {left}"
 
 
@@ -148,7 +175,9 @@ def test_zip_mirror_is_extracted(tmp_path, point_at, files):
     root = tmp_path / "data"
     DL.download_metr_la(root, progress=False)
     assert (root / "metr-la.h5").read_bytes() == files["full.h5"]
-    assert sorted(p.name for p in root.iterdir()) == sorted([*DL.GRAPH_BLOBS, "metr-la.h5", "manifest.json"])
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [*DL.GRAPH_BLOBS, "metr-la.h5", "manifest.json"]
+    )
 
 
 def test_interrupted_transfer_leaves_nothing(tmp_path, point_at):
@@ -171,7 +200,9 @@ def test_wrong_size_and_shape_is_rejected(tmp_path, point_at):
     _no_leftovers(root)
 
 
-def test_size_and_sha_mismatch_only_warn_when_the_structure_is_right(tmp_path, point_at, monkeypatch):
+def test_size_and_sha_mismatch_only_warn_when_the_structure_is_right(
+    tmp_path, point_at, monkeypatch
+):
     point_at("ok/full.h5")
     monkeypatch.setattr(DL, "EXPECTED_SIZE", 57_038_056)
     monkeypatch.setattr(DL, "EXPECTED_SHA256", "0" * 64)
@@ -206,7 +237,9 @@ def test_dead_mirrors_then_a_good_one(tmp_path, point_at, files):
 
 def test_graph_file_with_wrong_content_is_not_stored(tmp_path, point_at, monkeypatch, server):
     point_at("ok/full.h5")
-    monkeypatch.setattr(DL, "GRAPH_URL", server + "/ok/short.h5?{name}")  # serves an h5 for every graph file
+    monkeypatch.setattr(
+        DL, "GRAPH_URL", server + "/ok/short.h5?{name}"
+    )  # serves an h5 for every graph file
     root = tmp_path / "data"
     with pytest.raises(DataError, match="could not download graph_sensor_ids.txt"):
         DL.download_metr_la(root, progress=False)

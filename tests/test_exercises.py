@@ -15,7 +15,17 @@ LABELS = ds.exercises.labels()
 
 def test_there_are_checks_for_every_chapter():
     chapters = {label.split("-")[1] for label in LABELS}
-    assert {"attention", "jacobian", "bounds", "metr", "parroting", "model", "results", "heatmaps", "scaling"} <= chapters
+    assert {
+        "attention",
+        "jacobian",
+        "bounds",
+        "metr",
+        "parroting",
+        "model",
+        "results",
+        "heatmaps",
+        "scaling",
+    } <= chapters
 
 
 @pytest.mark.parametrize("label", LABELS)

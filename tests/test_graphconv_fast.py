@@ -13,12 +13,13 @@ import copy
 
 import pytest
 import torch
-from conftest import ROOT
 from torch import nn
 
 from diagsink.graphconv import DiffusionGraphConv, adaptive_adjacency
 from diagsink.model import TSModel
 from diagsink.sparse import SparseDiffusionGraphConv
+
+from conftest import ROOT
 
 
 def _random_supports(n: int, seed: int = 0) -> list[torch.Tensor]:
@@ -66,7 +67,9 @@ def _grads(layer: nn.Module, x: torch.Tensor, out: torch.Tensor) -> list[torch.T
 def test_outputs_and_gradients_equal_the_straightforward_formula(n_fixed, adaptive, order):
     torch.manual_seed(0)
     n = 11
-    layer = DiffusionGraphConv(5, _random_supports(n)[:n_fixed], order=order, adaptive=adaptive, n_nodes=n)
+    layer = DiffusionGraphConv(
+        5, _random_supports(n)[:n_fixed], order=order, adaptive=adaptive, n_nodes=n
+    )
     layer = layer.double().eval()
     x = torch.randn(3, 4, n, 5, dtype=torch.float64, requires_grad=True)
     fast, ref = layer(x), straightforward(layer, x)
@@ -98,8 +101,16 @@ def test_fixed_powers_are_constant_buffers_and_state_dict_keys_unchanged():
     layer = DiffusionGraphConv(4, sup, order=3, adaptive=True)
     assert sorted(layer.state_dict()) == ["e1", "e2", "mix.bias", "mix.weight"]
     assert not layer.fixed_powers.requires_grad
-    expected = torch.stack([sup[0], sup[0] @ sup[0], sup[0] @ sup[0] @ sup[0],
-                            sup[1], sup[1] @ sup[1], sup[1] @ sup[1] @ sup[1]])
+    expected = torch.stack(
+        [
+            sup[0],
+            sup[0] @ sup[0],
+            sup[0] @ sup[0] @ sup[0],
+            sup[1],
+            sup[1] @ sup[1],
+            sup[1] @ sup[1] @ sup[1],
+        ]
+    )
     torch.testing.assert_close(layer.fixed_powers, expected)
     assert layer.powers().shape == (9, n, n)  # fixed powers then the adaptive A, A^2, A^3
     torch.testing.assert_close(layer.powers()[:6], expected)
@@ -118,7 +129,9 @@ def test_sparse_layer_still_equals_the_dense_one():
 
 def test_committed_quick_weights_load_and_predict_as_the_straightforward_model():
     """``book/results/quick/none_seed0.pt`` loads strictly; predictions equal the formula's."""
-    state = torch.load(ROOT / "book/results/quick/none_seed0.pt", map_location="cpu", weights_only=True)
+    state = torch.load(
+        ROOT / "book/results/quick/none_seed0.pt", map_location="cpu", weights_only=True
+    )
     n = state["blocks.0.gconv.e1"].shape[0]
     d = state["speed_embed.weight"].shape[0]
     depth = len({k.split(".")[1] for k in state if k.startswith("blocks.")})

@@ -10,7 +10,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "book").rglob("*.ipynb"))
-NOTEBOOKS = [p for p in NOTEBOOKS if ".ipynb_checkpoints" not in p.parts and "_build" not in p.parts]
+NOTEBOOKS = [
+    p for p in NOTEBOOKS if ".ipynb_checkpoints" not in p.parts and "_build" not in p.parts
+]
 
 
 def _toc_files() -> list[str]:
@@ -44,17 +46,23 @@ def test_notebook_is_stripped_and_uses_python3(path: Path):
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] == "code":
             assert cell.get("outputs") == [], f"{path.name} cell {i} has outputs: strip them"
-            assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
+            assert cell.get("execution_count") is None, (
+                f"{path.name} cell {i} has an execution count"
+            )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_cell_has_a_unique_id(path: Path):
     """nbformat 4.5 cells carry ids (nbformat warns today and will refuse later; links and diffs use them)."""
     nb = json.loads(path.read_text())
-    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5), f"{path.name}: save it as nbformat 4.5 or later"
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5), (
+        f"{path.name}: save it as nbformat 4.5 or later"
+    )
     ids = [cell.get("id") for cell in nb["cells"]]
     missing = [i for i, cell_id in enumerate(ids) if not cell_id]
-    assert not missing, f"{path.name}: cells {missing} have no id (nbformat.validator.normalize adds them)"
+    assert not missing, (
+        f"{path.name}: cells {missing} have no id (nbformat.validator.normalize adds them)"
+    )
     assert len(set(ids)) == len(ids), f"{path.name}: cell ids repeat"
 
 
@@ -65,9 +73,13 @@ def test_notebook_has_no_path_hacks_or_installs(path: Path):
         if cell["cell_type"] != "code":
             continue
         src = "".join(cell["source"])
-        assert "sys.path" not in src, f"{path.name}: no sys.path hacks, import the installed package"
+        assert "sys.path" not in src, (
+            f"{path.name}: no sys.path hacks, import the installed package"
+        )
         assert "pip install" not in src, f"{path.name}: no pip install cells"
-        assert "tqdm.auto" not in src, f"{path.name}: use `from tqdm import tqdm` (widgets need a CDN)"
+        assert "tqdm.auto" not in src, (
+            f"{path.name}: use `from tqdm import tqdm` (widgets need a CDN)"
+        )
 
 
 def test_every_notebook_is_in_the_toc():
@@ -104,4 +116,6 @@ def test_display_math_has_no_line_that_markdown_reads_as_a_list(path: Path):
                 bad.append(f"cell {i}: {stripped[:50]!r}")
             if stripped.count("$$") % 2:
                 in_math = not in_math
-    assert not bad, f"{path.name}: lines inside $$ read as list items (prefix them with {{}}): {bad}"
+    assert not bad, (
+        f"{path.name}: lines inside $$ read as list items (prefix them with {{}}): {bad}"
+    )

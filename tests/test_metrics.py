@@ -55,7 +55,10 @@ def test_horizon_metrics_labels_and_single_steps():
     pred = target + rng.normal(0, 3, size=target.shape)
     out = M.horizon_metrics(pred, target)
     assert list(out) == [f"{m}@{h}" for h in (3, 6, 12) for m in ("MAE", "RMSE", "MAPE")] + [
-        "MAE@mean", "RMSE@mean", "MAPE@mean"]
+        "MAE@mean",
+        "RMSE@mean",
+        "MAPE@mean",
+    ]
     # horizon h is the h-th step alone (index h - 1)
     assert out["MAE@6"] == pytest.approx(float(M.masked_mae(pred[:, 5], target[:, 5])))
     assert out["MAE@mean"] == pytest.approx(float(M.masked_mae(pred, target)))
@@ -69,7 +72,7 @@ def test_horizon_metrics_labels_and_single_steps():
 def _np_reference(p, t):
     m = t != 0
     e = p[m] - t[m]
-    return np.abs(e).mean(), np.sqrt((e ** 2).mean()), 100 * np.mean(np.abs(e) / np.abs(t[m]))
+    return np.abs(e).mean(), np.sqrt((e**2).mean()), 100 * np.mean(np.abs(e) / np.abs(t[m]))
 
 
 speeds = st.floats(0.0, 80.0, allow_nan=False, width=64)
@@ -89,13 +92,16 @@ def test_against_numpy_reference(data, shape):
     assert float(M.masked_rmse(p, t)) == pytest.approx(rmse, rel=1e-9, abs=1e-12)
     assert float(M.masked_mape(p, t)) == pytest.approx(mape, rel=1e-9, abs=1e-12)
     # float32 tensors give the same answer up to float32 rounding
-    assert float(M.masked_mae(torch.tensor(p, dtype=torch.float32), torch.tensor(t, dtype=torch.float32))) == \
-        pytest.approx(mae, rel=1e-4, abs=1e-4)
+    assert float(
+        M.masked_mae(torch.tensor(p, dtype=torch.float32), torch.tensor(t, dtype=torch.float32))
+    ) == pytest.approx(mae, rel=1e-4, abs=1e-4)
 
 
 @settings(max_examples=30, deadline=None)
-@given(t=arrays(np.float64, (3, 12, 2), elements=st.floats(1.0, 80.0)),
-       noise=arrays(np.float64, (3, 12, 2), elements=st.floats(-5.0, 5.0)))
+@given(
+    t=arrays(np.float64, (3, 12, 2), elements=st.floats(1.0, 80.0)),
+    noise=arrays(np.float64, (3, 12, 2), elements=st.floats(-5.0, 5.0)),
+)
 def test_horizon_values_against_numpy(t, noise):
     p = t + noise
     out = M.horizon_metrics(p, t)
@@ -134,7 +140,7 @@ def test_historical_average_table_by_hand():
     speed2 = speed.copy()
     speed2[:end][np.asarray(wk), 2] = 0.0
     t2 = B.historical_average_table(speed2, ts, end)
-    both = (ts[:end].hour * 60 + ts[:end].minute == 500)
+    both = ts[:end].hour * 60 + ts[:end].minute == 500
     vals = speed2[:end][np.asarray(both), 2]
     assert t2[2, 100, 1] == pytest.approx(vals[vals != 0].mean())
 
@@ -157,7 +163,9 @@ def test_last_value_copies_the_present_and_fills_gaps():
     pred = B.last_value(speed, torch.tensor([0, 1]), t_in=2, t_out=3)
     assert pred.shape == (2, 3, 2)
     np.testing.assert_array_equal(pred[0], [[20.0, 2.0]] * 3)
-    np.testing.assert_array_equal(pred[1], [[20.0, 3.0]] * 3)  # step 2 of sensor 0 is missing: filled with 20
+    np.testing.assert_array_equal(
+        pred[1], [[20.0, 3.0]] * 3
+    )  # step 2 of sensor 0 is missing: filled with 20
     raw = B.last_value(speed, torch.tensor([1]), t_in=2, t_out=3, fill=False)
     np.testing.assert_array_equal(raw[0], [[0.0, 3.0]] * 3)
 
@@ -174,7 +182,10 @@ def test_baseline_table_on_a_periodic_series():
     # weekend profiles are identical here) and not by copying the present
     assert out.loc["historical average", "MAE@12"] == pytest.approx(0.0, abs=1e-9)
     assert out.loc["last value (copy the present)", "MAE@12"] > 0.5
-    assert out.loc["last value (copy the present)", "MAE@3"] < out.loc["last value (copy the present)", "MAE@12"]
+    assert (
+        out.loc["last value (copy the present)", "MAE@3"]
+        < out.loc["last value (copy the present)", "MAE@12"]
+    )
 
 
 # ---------------------------------------------------------------- exercise checks of book/metr_la.ipynb
@@ -199,7 +210,10 @@ def test_exercise_checks_pass_the_reference_and_hint_typical_mistakes():
 
     assert check("ex-metr-la-masked-mae", good_mae).passed
     assert "plain MAE" in check("ex-metr-la-masked-mae", plain_mae).message
-    assert "divide by the number of observed" in check("ex-metr-la-masked-mae", wrong_denominator).message
+    assert (
+        "divide by the number of observed"
+        in check("ex-metr-la-masked-mae", wrong_denominator).message
+    )
     assert "raise a ValueError" in check("ex-metr-la-masked-mae", silent_zero).message
 
     def good_windows(series, t_in, t_out):

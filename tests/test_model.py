@@ -7,7 +7,12 @@ import torch
 
 import diagsink as ds  # noqa: F401  (the package must import cleanly)
 from diagsink.errors import ConfigError
-from diagsink.graphconv import DiffusionGraphConv, adaptive_adjacency, receptive_field, released_code_contraction
+from diagsink.graphconv import (
+    DiffusionGraphConv,
+    adaptive_adjacency,
+    receptive_field,
+    released_code_contraction,
+)
 from diagsink.model import TSBlock, TSModel
 from diagsink.variants import VARIANTS, attention_kwargs
 
@@ -101,7 +106,16 @@ def test_graphconv_rejects_no_mixing_and_bad_shapes():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variants_map_to_attention_arguments(variant):
     a = _path_graph(4)
-    model = TSModel(4, _supports(a), variant=variant, d_model=8, n_heads=2, depth=2, diag_p=0.3, diag_penalty=-0.7)
+    model = TSModel(
+        4,
+        _supports(a),
+        variant=variant,
+        d_model=8,
+        n_heads=2,
+        depth=2,
+        diag_p=0.3,
+        diag_penalty=-0.7,
+    )
     att = model.blocks[0].attn
     expect = attention_kwargs(variant, diag_p=0.3, diag_penalty=-0.7)
     assert att.residual == expect["residual"] and att.diag == expect["diag"]
@@ -127,7 +141,10 @@ def test_output_is_unscaled_speed():
     a = _path_graph(3)
     model = TSModel(3, _supports(a), d_model=8, n_heads=2, depth=1, speed_mean=60.0, speed_std=10.0)
     model2 = TSModel(3, _supports(a), d_model=8, n_heads=2, depth=1, speed_mean=0.0, speed_std=1.0)
-    model2.load_state_dict({k: v for k, v in model.state_dict().items() if k not in ("speed_mean", "speed_std")}, strict=False)
+    model2.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if k not in ("speed_mean", "speed_std")},
+        strict=False,
+    )
     model.eval(), model2.eval()
     x = torch.randn(2, 12, 3, 2)
     torch.testing.assert_close(model(x), model2(x) * 10.0 + 60.0)
@@ -146,10 +163,15 @@ def test_exercise_checks_accept_references_and_hint_typical_mistakes():
     assert check("ex-model-diffusion", reference_diffusion_terms).passed
     transposed = check("ex-model-diffusion", lambda p, x, k: reference_diffusion_terms(p.T, x, k))
     assert not transposed.passed and "P^T" in transposed.message
-    diag_only = check("ex-model-diffusion", lambda p, x, k: torch.cat([x] + [torch.diagonal(p)[:, None] * x] * k, -1))
+    diag_only = check(
+        "ex-model-diffusion",
+        lambda p, x, k: torch.cat([x] + [torch.diagonal(p)[:, None] * x] * k, -1),
+    )
     assert not diag_only.passed and "diagonal" in diag_only.message
     assert check("ex-model-schedule", reference_lr_schedule).passed
-    to_zero = check("ex-model-schedule", lambda e, lr, lo, w, n: reference_lr_schedule(e, lr, 0.0, w, n))
+    to_zero = check(
+        "ex-model-schedule", lambda e, lr, lo, w, n: reference_lr_schedule(e, lr, 0.0, w, n)
+    )
     assert not to_zero.passed and "min_lr" in to_zero.message
 
 
@@ -158,8 +180,16 @@ def test_activation_checkpointing_gives_the_same_gradients():
     grads = []
     for flag in (False, True):
         torch.manual_seed(0)
-        model = TSModel(5, _supports(a), variant="dropout", d_model=8, n_heads=2, depth=3, dropout=0.2,
-                        checkpoint_blocks=flag)
+        model = TSModel(
+            5,
+            _supports(a),
+            variant="dropout",
+            d_model=8,
+            n_heads=2,
+            depth=3,
+            dropout=0.2,
+            checkpoint_blocks=flag,
+        )
         model.train()
         torch.manual_seed(1)
         x = torch.randn(4, 12, 5, 2)
@@ -176,7 +206,17 @@ def _pair(depth: int = 2, variant: str = "none", seed: int = 0):
     models = []
     for order in ("ts", "st"):
         torch.manual_seed(seed)
-        models.append(TSModel(5, _supports(a), variant=variant, d_model=8, n_heads=2, depth=depth, block_order=order).eval())
+        models.append(
+            TSModel(
+                5,
+                _supports(a),
+                variant=variant,
+                d_model=8,
+                n_heads=2,
+                depth=depth,
+                block_order=order,
+            ).eval()
+        )
     return models
 
 
@@ -204,7 +244,9 @@ def test_block_orders_are_different_functions_of_the_same_weights():
     ts, st = _pair()
     assert ts.state_dict().keys() == st.state_dict().keys()
     for k, v in ts.state_dict().items():
-        torch.testing.assert_close(st.state_dict()[k], v, msg=k)  # same initialisation from the same seed
+        torch.testing.assert_close(
+            st.state_dict()[k], v, msg=k
+        )  # same initialisation from the same seed
     x = torch.randn(2, 12, 5, 2)
     with torch.no_grad():
         assert (ts(x) - st(x)).abs().max() > 1e-3
@@ -214,6 +256,7 @@ def test_block_orders_are_different_functions_of_the_same_weights():
 
 def _by_hand(block: TSBlock, x: torch.Tensor, tod: torch.Tensor, order: str):
     """One block written out: ``order`` = "ts" or "st"; returns (output, attention weights)."""
+
     def spatial(h):
         return block.norm(h + block.gconv(h))
 
@@ -271,14 +314,21 @@ def test_bad_block_order_is_a_config_error(bad):
     from diagsink.config import load_config, override
 
     for make in (
-        lambda: TSModel(5, _supports(_path_graph(5)), d_model=8, n_heads=2, depth=1, block_order=bad),
+        lambda: TSModel(
+            5, _supports(_path_graph(5)), d_model=8, n_heads=2, depth=1, block_order=bad
+        ),
         lambda: TSBlock(8, 2, _supports(_path_graph(5)), block_order=bad),
         lambda: override(load_config("quick"), {"model.block_order": bad}),
     ):
         with pytest.raises(ConfigError) as err:
             make()
         msg = str(err.value)
-        assert "model.block_order" in msg and "'ts'" in msg and "'st'" in msg and "protocol YAML" in msg
+        assert (
+            "model.block_order" in msg
+            and "'ts'" in msg
+            and "'st'" in msg
+            and "protocol YAML" in msg
+        )
 
 
 def test_block_order_is_optional_and_the_default_keeps_the_hash():
@@ -290,10 +340,16 @@ def test_block_order_is_optional_and_the_default_keeps_the_hash():
     for name in PROTOCOLS:
         cfg = load_config(name)
         assert "block_order" not in cfg["model"]  # the shipped protocols leave it out: "ts"
-        ts, st = override(cfg, {"model.block_order": "ts"}), override(cfg, {"model.block_order": "st"})
+        ts, st = (
+            override(cfg, {"model.block_order": "ts"}),
+            override(cfg, {"model.block_order": "st"}),
+        )
         assert ts["model"]["block_order"] == "ts"
         assert config_hash(ts) == config_hash(cfg) != config_hash(st)
     cfg = override(load_config("quick"), {"model.d_model": 8, "model.depth": 1})
     prepared = prepare(toy_data(60, 3), cfg)
     assert build_model(cfg, "none", prepared).block_order == "ts"
-    assert build_model(override(cfg, {"model.block_order": "st"}), "none", prepared).block_order == "st"
+    assert (
+        build_model(override(cfg, {"model.block_order": "st"}), "none", prepared).block_order
+        == "st"
+    )

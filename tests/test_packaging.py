@@ -6,10 +6,10 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 import diagsink as ds
@@ -18,8 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 # conda-forge names that differ from the PyPI names
-CONDA_TO_PYPI = {"pytorch-cpu": "torch", "pytorch-gpu": "torch", "pytorch": "torch",
-                 "pytables": "tables", "matplotlib-base": "matplotlib"}
+CONDA_TO_PYPI = {
+    "pytorch-cpu": "torch",
+    "pytorch-gpu": "torch",
+    "pytorch": "torch",
+    "pytables": "tables",
+    "matplotlib-base": "matplotlib",
+}
 
 
 def _name(req: str) -> str:
@@ -39,7 +44,10 @@ def test_environment_yml_names_every_core_dependency():
     core = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
     assert core <= conda, f"environment.yml lacks {sorted(core - conda)}"
     # the extras come through pip from the project itself
-    assert any(line.replace(" ", "").startswith("-e.[") and "book" in line and "test" in line for line in pip_lines)
+    assert any(
+        line.replace(" ", "").startswith("-e.[") and "book" in line and "test" in line
+        for line in pip_lines
+    )
 
 
 def test_environment_yml_cpu_default_with_cuda_comment():
@@ -82,13 +90,17 @@ def test_data_root_from_environment(monkeypatch, tmp_path):
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "diagsink", "info"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "diagsink", "info"], capture_output=True, text=True, check=True
+    )
     assert "mode:" in out.stdout and "data root:" in out.stdout
 
 
 def test_cli_error_is_one_line_without_traceback(monkeypatch):
     env = {"DIAGSINK_QUICK": "perhaps", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "diagsink", "info"], capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "diagsink", "info"], capture_output=True, text=True, env=env
+    )
     assert out.returncode == 2
     assert out.stderr.startswith("error: DIAGSINK_QUICK") and "Traceback" not in out.stderr
 

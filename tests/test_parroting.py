@@ -71,7 +71,9 @@ def test_path_sensitivity_sums_to_autograd():
     x = pr.make_batch(1, 10, pr.ParrotTask(), torch.Generator().manual_seed(3)).inputs[0]
     paths = pr.path_sensitivity(res.model, x)
     assert set(paths) == {"residual", "value", "key", "query"}
-    torch.testing.assert_close(sum(paths.values()), pr.input_sensitivity(res.model, x), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        sum(paths.values()), pr.input_sensitivity(res.model, x), atol=1e-5, rtol=1e-4
+    )
 
 
 def test_fourier_features_match_each_value_best_with_itself():
@@ -96,7 +98,12 @@ def test_self_match_design_builds_the_layer_it_promises():
         pr.ParrotNet(16, embedding="mlp")
     with pytest.raises(ds.ConfigError, match="even"):
         pr.FourierFeatures(15)
-    res = pr.train(12, "penalty", steps=2, **{**pr.SELF_MATCH, "layer": {**pr.SELF_MATCH["layer"], "diag_penalty": -1.0}})
+    res = pr.train(
+        12,
+        "penalty",
+        steps=2,
+        **{**pr.SELF_MATCH, "layer": {**pr.SELF_MATCH["layer"], "diag_penalty": -1.0}},
+    )
     layer = res.model.attn
     assert not layer.residual and isinstance(layer.out_proj, torch.nn.Identity)
     assert layer.diag == "penalty" and layer.diag_penalty == -1.0
@@ -108,7 +115,9 @@ def test_path_sensitivity_sums_to_autograd_with_fourier_features():
     res = pr.train(10, "mask", steps=20, **pr.SELF_MATCH)
     x = pr.make_batch(1, 10, pr.ParrotTask(), torch.Generator().manual_seed(5)).inputs[0]
     paths = pr.path_sensitivity(res.model, x)
-    torch.testing.assert_close(sum(paths.values()), pr.input_sensitivity(res.model, x), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        sum(paths.values()), pr.input_sensitivity(res.model, x), atol=1e-5, rtol=1e-4
+    )
     assert float(paths["residual"].abs().max()) == 0.0  # no residual connection
     assert float(paths["value"].diagonal().abs().max()) == 0.0  # the mask: alpha_tt = 0
 
@@ -116,7 +125,9 @@ def test_path_sensitivity_sums_to_autograd_with_fourier_features():
 # -- exercise checks -----------------------------------------------------------------------
 def test_exercise_references_pass():
     ds.exercises.check("ex-parroting-score", stats.parroting_score, strict=True)
-    ds.exercises.check("ex-parroting-diagonal-ratio", lambda a: stats.diagonal_mass(a).ratio, strict=True)
+    ds.exercises.check(
+        "ex-parroting-diagonal-ratio", lambda a: stats.diagonal_mass(a).ratio, strict=True
+    )
     ds.exercises.check("ex-parroting-self-share", stats.self_share, strict=True)
     from diagsink.exercises.parroting import _scored_diagonal_reference
 
@@ -198,7 +209,9 @@ def test_path_block_norms_total_matches_autograd():
     J = torch.func.jacrev(lambda inp: res.model(inp))(x)  # [T, D, T, D]
     by_autograd = torch.linalg.matrix_norm(J.permute(0, 2, 1, 3)) / 5**0.5
     torch.testing.assert_close(norms["total"], by_autograd, atol=1e-5, rtol=1e-4)
-    assert float(norms["query"].fill_diagonal_(0).abs().max()) == 0.0  # the query path lives on the diagonal only
+    assert (
+        float(norms["query"].fill_diagonal_(0).abs().max()) == 0.0
+    )  # the query path lives on the diagonal only
 
 
 @pytest.mark.slow

@@ -51,7 +51,9 @@ def test_heatmap_rejects_bad_shapes_and_missing_how():
 @pytest.mark.parametrize("shared", [True, False])
 def test_variant_panel_paper_order_and_scales(shared):
     names = ["dropout", "none", "mask", "no_residual", "penalty"]  # deliberately shuffled
-    fig = plotting.variant_panel(dict(zip(names, _maps(5))), how="mean over heads (1)", shared_scale=shared)
+    fig = plotting.variant_panel(
+        dict(zip(names, _maps(5))), how="mean over heads (1)", shared_scale=shared
+    )
     heat = [ax for ax in fig.axes if ax.images and ax.get_xlabel()]
     # the paper's Figure 1 order (penalty before dropout), the letters of its results table
     titles = ["(a) no residual", "(b) no regularization", "(c) mask", "(e) penalty", "(d) dropout"]
@@ -100,7 +102,18 @@ def test_average_attention_is_explicit():
 
 def test_heatmap_labels_can_be_changed_for_other_maps():
     ax = plotting.attention_heatmap(
-        torch.rand(5, 5), how="sensitivity", label="|dy/dx|", axis_labels=("forecast step", "input step")
+        torch.rand(5, 5),
+        how="sensitivity",
+        label="|dy/dx|",
+        axis_labels=("forecast step", "input step"),
     )
     assert ax.get_ylabel() == "forecast step" and ax.get_xlabel() == "input step"
     assert ax.figure.axes[1].get_ylabel() == "|dy/dx|"
+
+
+def test_step_axes_have_integer_ticks():
+    ax = plotting.attention_heatmap(torch.full((12, 12), 1 / 12), how="uniform").axes
+    ax.figure.canvas.draw()
+    for ticks in (ax.get_xticks(), ax.get_yticks()):
+        inside = [t for t in ticks if -0.5 <= t <= 11.5]
+        assert len(inside) >= 3 and all(float(t).is_integer() for t in inside), ticks

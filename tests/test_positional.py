@@ -46,7 +46,9 @@ def test_tape_scales_the_frequencies_by_C_over_T(T, C):
 
 
 def test_tape_equals_sinusoidal_when_T_equals_C():
-    torch.testing.assert_close(ds.tape_table(16, 16, dtype=torch.float64), ds.sinusoidal_table(16, 16, dtype=torch.float64))
+    torch.testing.assert_close(
+        ds.tape_table(16, 16, dtype=torch.float64), ds.sinusoidal_table(16, 16, dtype=torch.float64)
+    )
 
 
 def test_tape_separates_neighbouring_steps_better_for_short_sequences():

@@ -57,8 +57,8 @@ def test_gather_matches_a_python_loop_and_a_strided_view():
     y = P.gather(series, starts, 12, offset=12)
     assert x.shape == (4, 12, 5, 2) and y.shape == (4, 12, 5, 2)
     for b, s in enumerate(starts.tolist()):
-        torch.testing.assert_close(x[b], series[s:s + 12])
-        torch.testing.assert_close(y[b], series[s + 12:s + 24])
+        torch.testing.assert_close(x[b], series[s : s + 12])
+        torch.testing.assert_close(y[b], series[s + 12 : s + 24])
     view = P.sliding_windows(series, 24)
     assert view.shape == (177, 24, 5, 2) and view.data_ptr() == series.data_ptr()  # zero-copy
     torch.testing.assert_close(view[starts], torch.cat([x, y], dim=1))

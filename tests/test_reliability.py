@@ -34,8 +34,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import _fileserver  # tests/_fileserver.py: the local HTTP server over in-memory files
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -51,11 +49,21 @@ from diagsink.config import load_config, override
 from diagsink.errors import ConfigError, DataError, DiagsinkError
 from diagsink.variants import VARIANTS
 
+import _fileserver  # tests/_fileserver.py: the local HTTP server over in-memory files
+from conftest import ROOT
+
 IDS = ["201", "202", "203", "204", "205"]
 TINY = {
-    "model.d_model": 8, "model.n_heads": 2, "model.depth": 1, "model.node_embed_dim": 3,
-    "train.epochs": 2, "train.batch_size": 16, "train.eval_batch_size": 64, "train.max_train_windows": 32,
-    "train.warmup_epochs": 1, "train.lr": 5e-3,
+    "model.d_model": 8,
+    "model.n_heads": 2,
+    "model.depth": 1,
+    "model.node_embed_dim": 3,
+    "train.epochs": 2,
+    "train.batch_size": 16,
+    "train.eval_batch_size": 64,
+    "train.max_train_windows": 32,
+    "train.warmup_epochs": 1,
+    "train.lr": 5e-3,
 }
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
@@ -65,10 +73,18 @@ def make_data(root: Path, *, steps: int = 300, speed: np.ndarray | None = None) 
     """A valid, SYNTHETIC data folder with 5 sensors (not METR-LA data)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "graph_sensor_ids.txt").write_text(",".join(IDS))
-    pd.DataFrame({"index": range(5), "sensor_id": IDS, "latitude": np.linspace(34.0, 34.2, 5),
-                  "longitude": np.linspace(-118.4, -118.2, 5)}).to_csv(root / "graph_sensor_locations.csv", index=False)
+    pd.DataFrame(
+        {
+            "index": range(5),
+            "sensor_id": IDS,
+            "latitude": np.linspace(34.0, 34.2, 5),
+            "longitude": np.linspace(-118.4, -118.2, 5),
+        }
+    ).to_csv(root / "graph_sensor_locations.csv", index=False)
     adj = np.eye(5, dtype=np.float32) + np.diag(np.full(4, 0.5, dtype=np.float32), 1)
-    (root / "adj_mx.pkl").write_bytes(pickle.dumps((IDS, {s: i for i, s in enumerate(IDS)}, adj), protocol=4))
+    (root / "adj_mx.pkl").write_bytes(
+        pickle.dumps((IDS, {s: i for i, s in enumerate(IDS)}, adj), protocol=4)
+    )
     if speed is None:
         rng = np.random.default_rng(0)
         t = np.arange(steps)[:, None]
@@ -95,13 +111,17 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     out["empty"].mkdir()
     out["file"].write_text("not a folder")
     out["good"] = make_data(base / "good")
-    out["short"] = make_data(base / "short", steps=26)  # 3 windows of 24 steps: no validation window
+    out["short"] = make_data(
+        base / "short", steps=26
+    )  # 3 windows of 24 steps: no validation window
     corrupt = make_data(base / "corrupt")
     rng = np.random.default_rng(1)
     (corrupt / "metr-la.h5").write_bytes(rng.integers(0, 256, 50_000, dtype=np.uint8).tobytes())
     out["corrupt"] = corrupt
     series = make_data(base / "series")  # a Series, not a DataFrame
-    pd.Series(np.ones(40), index=pd.date_range("2012-03-01", periods=40, freq="5min")).to_hdf(series / "metr-la.h5", key="df")
+    pd.Series(np.ones(40), index=pd.date_range("2012-03-01", periods=40, freq="5min")).to_hdf(
+        series / "metr-la.h5", key="df"
+    )
     out["series"] = series
     twokeys = make_data(base / "twokeys")
     frame = pd.read_hdf(twokeys / "metr-la.h5", "df")
@@ -137,57 +157,184 @@ def _api_cases():
 
     def diverging(_):
         data = toy_data(200, 4)
-        data.speed[:] = np.nan  # a model fed NaN cannot learn: the run must stop with a clear message
+        data.speed[:] = (
+            np.nan
+        )  # a model fed NaN cannot learn: the run must stop with a clear message
         from diagsink.train import prepare
 
         cfg = override(load_config("quick"), TINY)
         prepared = prepare(data, cfg)
-        return train_run(cfg, "none", 0, prepared=prepared, device="cpu", write=False, progress=False)
+        return train_run(
+            cfg, "none", 0, prepared=prepared, device="cpu", write=False, progress=False
+        )
 
     eye = [torch.eye(5)]
     return [
-        ("TSModel depth=0", lambda i: TSModel(5, eye, depth=0), ConfigError, ["depth=0", "positive integer", "model.depth"]),
-        ("TSModel t_in=0", lambda i: TSModel(5, eye, t_in=0), ConfigError, ["t_in=0", "positive integer"]),
-        ("TSModel n_nodes=0", lambda i: TSModel(0, eye), ConfigError, ["n_nodes=0", "number of sensors"]),
-        ("TSModel heads", lambda i: TSModel(5, eye, d_model=10, n_heads=4), ConfigError, ["n_heads=4", "divisors"]),
-        ("graph conv order=0", lambda i: DiffusionGraphConv(4, eye, order=0), ValueError, ["order=0", "positive integer"]),
-        ("split: no validation window", lambda i: P.split_windows(26), DataError, ["val part", "0 of the 3", "Fix", "more data"]),
-        ("split: zero ratio", lambda i: P.split_windows(500, ratios=(0.9, 0.0, 0.1)), DataError, ["val part", "ratio > 0"]),
-        ("adjacency: not square", lambda i: ds.adjacency.diffusion_supports(np.ones((3, 4))), DataError,
-         ["square [N, N]", "(3, 4)", "Fix"]),
-        ("adjacency: negative weight", lambda i: ds.adjacency.random_walk(torch.tensor([[1.0, -0.5], [0.0, 1.0]])),
-         DataError, ["non-negative", "Fix"]),
-        ("adjacency: NaN weight", lambda i: ds.adjacency.symmetric_normalize(np.array([[1.0, np.nan], [0.0, 1.0]])),
-         DataError, ["NaN", "Fix"]),
-        ("sliding windows longer than the series", lambda i: P.sliding_windows(torch.randn(5, 3), 10), DataError,
-         ["length 10", "5 steps", "Fix"]),
-        ("historical average: timestamps missing",
-         lambda i: ds.baselines.historical_average_table(np.ones((300, 2)), pd.date_range("2012-03-01", periods=200,
-                                                                                          freq="5min"), 100),
-         DataError, ["one timestamp per step", "200 timestamps", "Fix"]),
-        ("last value: window outside", lambda i: ds.baselines.last_value(np.ones((30, 2)), torch.tensor([25])), DataError,
-         ["outside the series of 30 steps", "Fix"]),
-        ("load: random bytes as HDF", lambda i: ds.data.load_metr_la(i["corrupt"]), DataError,
-         ["cannot be read", "truncated", "diagsink data download"]),
-        ("load: a Series", lambda i: ds.data.load_metr_la(i["series"]), DataError, ["Series", "not a DataFrame", "Fix"]),
-        ("load: two tables, no df", lambda i: ds.data.load_metr_la(i["twokeys"]), DataError, ["not 'df'", "Fix", "key='df'"]),
-        ("load: a file as folder", lambda i: ds.data.load_metr_la(i["file"]), DataError, ["missing", "diagsink data download"]),
-        ("config: broken YAML", lambda i: load_config(i["broken"]), ConfigError, ["not valid YAML", "line 2", "Fix"]),
-        ("config: ratios as text", lambda i: load_config(i["ratios"]), ConfigError, ["data.ratios", "three fractions"]),
-        ("config: protocol with ..", lambda i: load_config(i["escape"]), ConfigError, ["plain name", "no '/' or '..'"]),
-        ("config: absolute protocol", lambda i: load_config(i["absolute"]), ConfigError, ["plain name"]),
-        ("config: no such file", lambda i: load_config(i["base"] / "nope.yaml"), ConfigError, ["does not exist", "paper, book, quick"]),
-        ("config: override typo", lambda i: override(load_config("quick"), {"trian.lr": 1.0}), ConfigError,
-         ["unknown config section", "sections: model"]),
-        ("train_run: no out_dir", lambda i: train_run("quick", "none", 0, data=toy_data(), write=True, out_dir=None),
-         ConfigError, ["needs out_dir"]),
-        ("train_run: device", lambda i: train_run("quick", "none", 0, data=toy_data(), device="gpu", write=False),
-         ValueError, ["'gpu' is not a device", "cpu or cuda"]),
-        ("train_run: seed", lambda i: train_run("quick", "none", -1, data=toy_data(), write=False), ConfigError,
-         ["seed -1", "integer in [0, 2**31)"]),
+        (
+            "TSModel depth=0",
+            lambda i: TSModel(5, eye, depth=0),
+            ConfigError,
+            ["depth=0", "positive integer", "model.depth"],
+        ),
+        (
+            "TSModel t_in=0",
+            lambda i: TSModel(5, eye, t_in=0),
+            ConfigError,
+            ["t_in=0", "positive integer"],
+        ),
+        (
+            "TSModel n_nodes=0",
+            lambda i: TSModel(0, eye),
+            ConfigError,
+            ["n_nodes=0", "number of sensors"],
+        ),
+        (
+            "TSModel heads",
+            lambda i: TSModel(5, eye, d_model=10, n_heads=4),
+            ConfigError,
+            ["n_heads=4", "divisors"],
+        ),
+        (
+            "graph conv order=0",
+            lambda i: DiffusionGraphConv(4, eye, order=0),
+            ValueError,
+            ["order=0", "positive integer"],
+        ),
+        (
+            "split: no validation window",
+            lambda i: P.split_windows(26),
+            DataError,
+            ["val part", "0 of the 3", "Fix", "more data"],
+        ),
+        (
+            "split: zero ratio",
+            lambda i: P.split_windows(500, ratios=(0.9, 0.0, 0.1)),
+            DataError,
+            ["val part", "ratio > 0"],
+        ),
+        (
+            "adjacency: not square",
+            lambda i: ds.adjacency.diffusion_supports(np.ones((3, 4))),
+            DataError,
+            ["square [N, N]", "(3, 4)", "Fix"],
+        ),
+        (
+            "adjacency: negative weight",
+            lambda i: ds.adjacency.random_walk(torch.tensor([[1.0, -0.5], [0.0, 1.0]])),
+            DataError,
+            ["non-negative", "Fix"],
+        ),
+        (
+            "adjacency: NaN weight",
+            lambda i: ds.adjacency.symmetric_normalize(np.array([[1.0, np.nan], [0.0, 1.0]])),
+            DataError,
+            ["NaN", "Fix"],
+        ),
+        (
+            "sliding windows longer than the series",
+            lambda i: P.sliding_windows(torch.randn(5, 3), 10),
+            DataError,
+            ["length 10", "5 steps", "Fix"],
+        ),
+        (
+            "historical average: timestamps missing",
+            lambda i: ds.baselines.historical_average_table(
+                np.ones((300, 2)), pd.date_range("2012-03-01", periods=200, freq="5min"), 100
+            ),
+            DataError,
+            ["one timestamp per step", "200 timestamps", "Fix"],
+        ),
+        (
+            "last value: window outside",
+            lambda i: ds.baselines.last_value(np.ones((30, 2)), torch.tensor([25])),
+            DataError,
+            ["outside the series of 30 steps", "Fix"],
+        ),
+        (
+            "load: random bytes as HDF",
+            lambda i: ds.data.load_metr_la(i["corrupt"]),
+            DataError,
+            ["cannot be read", "truncated", "diagsink data download"],
+        ),
+        (
+            "load: a Series",
+            lambda i: ds.data.load_metr_la(i["series"]),
+            DataError,
+            ["Series", "not a DataFrame", "Fix"],
+        ),
+        (
+            "load: two tables, no df",
+            lambda i: ds.data.load_metr_la(i["twokeys"]),
+            DataError,
+            ["not 'df'", "Fix", "key='df'"],
+        ),
+        (
+            "load: a file as folder",
+            lambda i: ds.data.load_metr_la(i["file"]),
+            DataError,
+            ["missing", "diagsink data download"],
+        ),
+        (
+            "config: broken YAML",
+            lambda i: load_config(i["broken"]),
+            ConfigError,
+            ["not valid YAML", "line 2", "Fix"],
+        ),
+        (
+            "config: ratios as text",
+            lambda i: load_config(i["ratios"]),
+            ConfigError,
+            ["data.ratios", "three fractions"],
+        ),
+        (
+            "config: protocol with ..",
+            lambda i: load_config(i["escape"]),
+            ConfigError,
+            ["plain name", "no '/' or '..'"],
+        ),
+        (
+            "config: absolute protocol",
+            lambda i: load_config(i["absolute"]),
+            ConfigError,
+            ["plain name"],
+        ),
+        (
+            "config: no such file",
+            lambda i: load_config(i["base"] / "nope.yaml"),
+            ConfigError,
+            ["does not exist", "paper, book, quick"],
+        ),
+        (
+            "config: override typo",
+            lambda i: override(load_config("quick"), {"trian.lr": 1.0}),
+            ConfigError,
+            ["unknown config section", "sections: model"],
+        ),
+        (
+            "train_run: no out_dir",
+            lambda i: train_run("quick", "none", 0, data=toy_data(), write=True, out_dir=None),
+            ConfigError,
+            ["needs out_dir"],
+        ),
+        (
+            "train_run: device",
+            lambda i: train_run("quick", "none", 0, data=toy_data(), device="gpu", write=False),
+            ValueError,
+            ["'gpu' is not a device", "cpu or cuda"],
+        ),
+        (
+            "train_run: seed",
+            lambda i: train_run("quick", "none", -1, data=toy_data(), write=False),
+            ConfigError,
+            ["seed -1", "integer in [0, 2**31)"],
+        ),
         ("train_run: diverges", diverging, DiagsinkError, ["diverged", "Fix: lower train.lr"]),
-        ("exercise: unknown label", lambda i: ds.exercises.check("ex-attention-nope", lambda: None), KeyError,
-         ["no exercise 'ex-attention-nope'", "known exercises", "ex-attention-mask"]),
+        (
+            "exercise: unknown label",
+            lambda i: ds.exercises.check("ex-attention-nope", lambda: None),
+            KeyError,
+            ["no exercise 'ex-attention-nope'", "known exercises", "ex-attention-mask"],
+        ),
     ]
 
 
@@ -205,8 +352,13 @@ def test_api_bad_input_names_problem_and_fix(inputs, name, call, kind, words):
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize("value, words", [("tpu", ["DIAGSINK_DEVICE='tpu'", "cpu or cuda"]),
-                                          ("cuda:7", ["DIAGSINK_DEVICE='cuda:7'", "GPU", "Fix"])])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("tpu", ["DIAGSINK_DEVICE='tpu'", "cpu or cuda"]),
+        ("cuda:7", ["DIAGSINK_DEVICE='cuda:7'", "GPU", "Fix"]),
+    ],
+)
 def test_bad_device_variable(monkeypatch, capsys, value, words):
     if value.startswith("cuda") and torch.cuda.device_count() > 7:
         pytest.skip("this machine has 8 GPUs")
@@ -227,40 +379,139 @@ CLI = [
     ("info: unknown option", ["info", "--verbose"], ["unrecognized arguments: --verbose"]),
     ("data: no action", ["data"], ["required: ACTION", "diagsink data --help"]),
     ("data: unknown action", ["data", "fetch"], ["invalid choice: 'fetch'", "download"]),
-    ("data info: empty folder", ["data", "info", "--root", "{empty}"], ["files missing", "diagsink data download --root"]),
-    ("data verify: a file as root", ["data", "verify", "--root", "{file}"], ["files missing", "diagsink data download"]),
-    ("data verify: corrupt HDF", ["data", "verify", "--root", "{corrupt}"], ["cannot be read", "truncated", "Fix"]),
-    ("data download: root under a file", ["data", "download", "--root", "{file}/x", "--no-progress"],
-     ["cannot create the data folder", "Fix: pass --root"]),
+    (
+        "data info: empty folder",
+        ["data", "info", "--root", "{empty}"],
+        ["files missing", "diagsink data download --root"],
+    ),
+    (
+        "data verify: a file as root",
+        ["data", "verify", "--root", "{file}"],
+        ["files missing", "diagsink data download"],
+    ),
+    (
+        "data verify: corrupt HDF",
+        ["data", "verify", "--root", "{corrupt}"],
+        ["cannot be read", "truncated", "Fix"],
+    ),
+    (
+        "data download: root under a file",
+        ["data", "download", "--root", "{file}/x", "--no-progress"],
+        ["cannot create the data folder", "Fix: pass --root"],
+    ),
     ("train: no variant", ["train"], ["required: --variant"]),
-    ("train: unknown variant", ["train", "--variant", "masked"], ["invalid choice: 'masked'", "'mask'", "'penalty'"]),
-    ("train: unknown protocol", ["train", "--variant", "none", "--protocol", "papr", "--out", "{out}"],
-     ["protocol 'papr' is not known", "paper, book, quick"]),
-    ("train: misspelt config key", ["train", "--variant", "none", "--protocol", "{misspelt}", "--out", "{out}"],
-     ["unknown config key train.epoch", "epochs", "check the spelling"]),
-    ("train: broken YAML", ["train", "--variant", "none", "--protocol", "{broken}", "--out", "{out}"],
-     ["not valid YAML", "line 2", "Fix the file"]),
-    ("train: protocol escapes --out", ["train", "--variant", "none", "--protocol", "{escape}", "--out", "{out}"],
-     ["plain name", "no '/' or '..'"]),
-    ("train: negative seed", ["train", "--variant", "none", "--seed", "-1"], ["--seed", "non-negative"]),
-    ("train: seed not a number", ["train", "--variant", "none", "--seed", "one"], ["'one' is not a whole number"]),
-    ("train: unknown device", ["train", "--variant", "none", "--device", "tpu"], ["'tpu' is not a device", "cpu or cuda"]),
-    ("train: --out under a file", ["train", "--variant", "none", "--protocol", "{tiny}", "--out", "{file}/results"],
-     ["is a file, not a folder", "choose another --out"]),
-    ("train: --out not writable", ["train", "--variant", "none", "--protocol", "{tiny}", "--out", "{readonly}"],
-     ["not writable", "Fix: choose a writable folder"]),
-    ("train: no data", ["train", "--variant", "none", "--protocol", "{tiny}", "--data", "{empty}", "--out", "{out}"],
-     ["files missing", "diagsink data download --root"]),
-    ("train: data too short", ["train", "--variant", "none", "--protocol", "{tiny}", "--data", "{short}", "--out", "{out}",
-                               "--no-progress"], ["val part", "Fix: load more data"]),
-    ("reproduce: zero seeds", ["reproduce", "--seeds", "0", "--out", "{out}"], ["--seeds must be at least 1"]),
-    ("reproduce: unknown variant", ["reproduce", "--variants", "none,masked", "--out", "{out}"],
-     ["unknown variant 'masked'", "choose from"]),
-    ("reproduce: --out is a file", ["reproduce", "--protocol", "{tiny}", "--out", "{file}"], ["is a file, not a folder"]),
-    ("reproduce: absolute protocol name", ["reproduce", "--protocol", "{absolute}", "--out", "{out}"], ["plain name"]),
+    (
+        "train: unknown variant",
+        ["train", "--variant", "masked"],
+        ["invalid choice: 'masked'", "'mask'", "'penalty'"],
+    ),
+    (
+        "train: unknown protocol",
+        ["train", "--variant", "none", "--protocol", "papr", "--out", "{out}"],
+        ["protocol 'papr' is not known", "paper, book, quick"],
+    ),
+    (
+        "train: misspelt config key",
+        ["train", "--variant", "none", "--protocol", "{misspelt}", "--out", "{out}"],
+        ["unknown config key train.epoch", "epochs", "check the spelling"],
+    ),
+    (
+        "train: broken YAML",
+        ["train", "--variant", "none", "--protocol", "{broken}", "--out", "{out}"],
+        ["not valid YAML", "line 2", "Fix the file"],
+    ),
+    (
+        "train: protocol escapes --out",
+        ["train", "--variant", "none", "--protocol", "{escape}", "--out", "{out}"],
+        ["plain name", "no '/' or '..'"],
+    ),
+    (
+        "train: negative seed",
+        ["train", "--variant", "none", "--seed", "-1"],
+        ["--seed", "non-negative"],
+    ),
+    (
+        "train: seed not a number",
+        ["train", "--variant", "none", "--seed", "one"],
+        ["'one' is not a whole number"],
+    ),
+    (
+        "train: unknown device",
+        ["train", "--variant", "none", "--device", "tpu"],
+        ["'tpu' is not a device", "cpu or cuda"],
+    ),
+    (
+        "train: --out under a file",
+        ["train", "--variant", "none", "--protocol", "{tiny}", "--out", "{file}/results"],
+        ["is a file, not a folder", "choose another --out"],
+    ),
+    (
+        "train: --out not writable",
+        ["train", "--variant", "none", "--protocol", "{tiny}", "--out", "{readonly}"],
+        ["not writable", "Fix: choose a writable folder"],
+    ),
+    (
+        "train: no data",
+        [
+            "train",
+            "--variant",
+            "none",
+            "--protocol",
+            "{tiny}",
+            "--data",
+            "{empty}",
+            "--out",
+            "{out}",
+        ],
+        ["files missing", "diagsink data download --root"],
+    ),
+    (
+        "train: data too short",
+        [
+            "train",
+            "--variant",
+            "none",
+            "--protocol",
+            "{tiny}",
+            "--data",
+            "{short}",
+            "--out",
+            "{out}",
+            "--no-progress",
+        ],
+        ["val part", "Fix: load more data"],
+    ),
+    (
+        "reproduce: zero seeds",
+        ["reproduce", "--seeds", "0", "--out", "{out}"],
+        ["--seeds must be at least 1"],
+    ),
+    (
+        "reproduce: unknown variant",
+        ["reproduce", "--variants", "none,masked", "--out", "{out}"],
+        ["unknown variant 'masked'", "choose from"],
+    ),
+    (
+        "reproduce: --out is a file",
+        ["reproduce", "--protocol", "{tiny}", "--out", "{file}"],
+        ["is a file, not a folder"],
+    ),
+    (
+        "reproduce: absolute protocol name",
+        ["reproduce", "--protocol", "{absolute}", "--out", "{out}"],
+        ["plain name"],
+    ),
     ("course: no action", ["course"], ["required"]),
-    ("course export: --out is a file", ["course", "export", "--out", "{file}"], ["is a file, not a folder"]),
-    ("course check: no book here", ["course", "check", "--source", "{empty}"], ["no _toc.yml", "pass --source"]),
+    (
+        "course export: --out is a file",
+        ["course", "export", "--out", "{file}"],
+        ["is a file, not a folder"],
+    ),
+    (
+        "course check: no book here",
+        ["course", "check", "--source", "{empty}"],
+        ["no _toc.yml", "pass --source"],
+    ),
 ]
 
 
@@ -274,7 +525,11 @@ def test_cli_bad_input_is_one_error_line(inputs, tmp_path, monkeypatch, capsys, 
         # root ignores permission bits, so the test makes os.access answer as for a normal user
         Path(places["readonly"]).mkdir()
         real = os.access
-        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == places["readonly"] else real(p, mode, **kw))
+        monkeypatch.setattr(
+            os,
+            "access",
+            lambda p, mode, **kw: False if str(p) == places["readonly"] else real(p, mode, **kw),
+        )
     argv = [a.format(**places) for a in argv]
     try:
         status = main(argv)
@@ -301,17 +556,41 @@ def test_cli_errors_in_a_real_process_have_no_traceback(inputs):
             except SystemExit as exc:
                 status = exc.code
             print(status)
-    """).format(argvs=repr([["train", "--variant", "masked"],
-                            ["train", "--variant", "none", "--protocol", str(inputs["tiny"]), "--out", str(inputs["file"])],
-                            ["data", "verify", "--root", str(inputs["corrupt"])], []]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    """).format(
+        argvs=repr(
+            [
+                ["train", "--variant", "masked"],
+                [
+                    "train",
+                    "--variant",
+                    "none",
+                    "--protocol",
+                    str(inputs["tiny"]),
+                    "--out",
+                    str(inputs["file"]),
+                ],
+                ["data", "verify", "--root", str(inputs["corrupt"])],
+                [],
+            ]
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "2", "2", "2"]
     lines = out.stderr.splitlines()
     assert len(lines) == 4 and all(line.startswith("error: ") for line in lines), out.stderr
-    out = subprocess.run([sys.executable, "-m", "diagsink", "train", "--variant", "penalty", "--device", "tpu"],
-                         capture_output=True, text=True, env=ENV, timeout=60)
-    assert out.returncode == 2 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "diagsink", "train", "--variant", "penalty", "--device", "tpu"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
+    assert (
+        out.returncode == 2 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr
+    )
 
 
 # ---------------------------------------------------------------- interruptions: download
@@ -341,14 +620,21 @@ def test_kill_minus_9_during_download_then_rerun(tmp_path):
     ids = [str(700000 + i) for i in range(D.N_SENSORS)]
     graph = {
         "graph_sensor_ids.txt": ",".join(ids).encode(),
-        "graph_sensor_locations.csv": pd.DataFrame({"index": range(len(ids)), "sensor_id": ids, "latitude": 34.0,
-                                                    "longitude": -118.3}).to_csv(index=False).encode(),
-        "adj_mx.pkl": pickle.dumps((ids, {s: i for i, s in enumerate(ids)}, np.eye(len(ids), dtype=np.float32)), protocol=4),
+        "graph_sensor_locations.csv": pd.DataFrame(
+            {"index": range(len(ids)), "sensor_id": ids, "latitude": 34.0, "longitude": -118.3}
+        )
+        .to_csv(index=False)
+        .encode(),
+        "adj_mx.pkl": pickle.dumps(
+            (ids, {s: i for i, s in enumerate(ids)}, np.eye(len(ids), dtype=np.float32)), protocol=4
+        ),
     }
     index = pd.date_range(D.FULL_START, periods=D.FULL_STEPS, freq="5min")
     day = np.round(8 * (60 - 10 * np.sin(np.arange(288) / 288 * 2 * np.pi))) / 8
     speed = np.tile(day, D.FULL_STEPS // 288)[:, None] + np.zeros((1, len(ids)))
-    pd.DataFrame(speed, index=index, columns=ids).to_hdf(tmp_path / "full.h5", key="df", complevel=1, complib="zlib")
+    pd.DataFrame(speed, index=index, columns=ids).to_hdf(
+        tmp_path / "full.h5", key="df", complevel=1, complib="zlib"
+    )
     files = {**graph, "full.h5": (tmp_path / "full.h5").read_bytes()}
     httpd, server = _fileserver.start(files)
     blobs = repr({n: DL.git_blob_sha1(b) for n, b in graph.items()})
@@ -357,11 +643,17 @@ def test_kill_minus_9_during_download_then_rerun(tmp_path):
     script = tmp_path / "dl.py"
     script.write_text(DOWNLOADER)
     try:
-        proc = subprocess.Popen([sys.executable, str(script), server, "stall", str(root), size, sha, blobs], env=ENV,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), server, "stall", str(root), size, sha, blobs],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         part = root / "metr-la.h5.part"
         deadline = time.time() + 60
-        while time.time() < deadline and not part.exists():  # opened: the transfer is under way (and stalls)
+        while (
+            time.time() < deadline and not part.exists()
+        ):  # opened: the transfer is under way (and stalls)
             assert proc.poll() is None, proc.communicate()[1][-800:]
             time.sleep(0.05)
         assert part.exists(), "the download never started"
@@ -373,8 +665,13 @@ def test_kill_minus_9_during_download_then_rerun(tmp_path):
         assert not (root / "metr-la.h5").exists()
         with pytest.raises(DataError, match="missing.*metr-la.h5"):
             D.load_metr_la(root, download=False)
-        rerun = subprocess.run([sys.executable, str(script), server, "ok", str(root), size, sha, blobs], env=ENV,
-                               capture_output=True, text=True, timeout=120)
+        rerun = subprocess.run(
+            [sys.executable, str(script), server, "ok", str(root), size, sha, blobs],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert rerun.returncode == 0 and "done" in rerun.stdout, rerun.stderr
     finally:
         httpd.shutdown()
@@ -411,10 +708,17 @@ def test_kill_minus_9_during_artifact_writes_leaves_only_whole_files(tmp_path):
     from diagsink.artifacts import load_artifact, load_results
 
     script = tmp_path / "writer.py"
-    script.write_text(WRITER.replace("{tiny!r}", repr({**TINY, "train.epochs": 1, "train.warmup_epochs": 0})))
+    script.write_text(
+        WRITER.replace("{tiny!r}", repr({**TINY, "train.epochs": 1, "train.warmup_epochs": 0}))
+    )
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, str(script), str(out)], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
     folder = out / "quick"
     deadline = time.time() + 60
@@ -433,7 +737,9 @@ def test_kill_minus_9_during_artifact_writes_leaves_only_whole_files(tmp_path):
         raw = path.read_bytes()
         assert len(raw) == 8_000_000 and raw == bytes([seed % 251]) * 8_000_000, path
     leftovers = [p.name for p in folder.iterdir() if p.suffix not in (".json", ".pt")]
-    assert all(n.startswith(".") and n.endswith(".tmp") for n in leftovers), leftovers  # temp names only
+    assert all(n.startswith(".") and n.endswith(".tmp") for n in leftovers), (
+        leftovers
+    )  # temp names only
     assert len(load_results(folder)) == len(jsons)  # the loader never sees a temp file
 
 
@@ -450,8 +756,12 @@ REPRODUCER = textwrap.dedent("""
 def test_kill_minus_9_during_reproduce_keeps_finished_runs(inputs, tmp_path, capsys):
     out = tmp_path / "results"
     folder = out / "custom-tiny"
-    proc = subprocess.Popen([sys.executable, "-c", REPRODUCER, str(inputs["tiny"]), str(inputs["good"]), str(out)],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REPRODUCER, str(inputs["tiny"]), str(inputs["good"]), str(out)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 90
     while time.time() < deadline and len(list(folder.glob("*.json"))) < 2 and proc.poll() is None:
         time.sleep(0.02)
@@ -460,10 +770,31 @@ def test_kill_minus_9_during_reproduce_keeps_finished_runs(inputs, tmp_path, cap
     finished = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.json")}
     assert len(finished) >= 2, "the first runs did not finish in time"
     # rerun: finished runs are skipped (not rewritten), the rest is trained
-    assert main(["reproduce", "--protocol", str(inputs["tiny"]), "--data", str(inputs["good"]), "--out", str(out),
-                 "--seeds", "1", "--device", "cpu", "--no-progress"]) == 0
-    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("*.json") if p.name in finished} == finished
-    assert sorted(p.name for p in folder.glob("*.json")) == sorted(f"{v}_seed0.json" for v in VARIANTS)
+    assert (
+        main(
+            [
+                "reproduce",
+                "--protocol",
+                str(inputs["tiny"]),
+                "--data",
+                str(inputs["good"]),
+                "--out",
+                str(out),
+                "--seeds",
+                "1",
+                "--device",
+                "cpu",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert {
+        p.name: p.stat().st_mtime_ns for p in folder.glob("*.json") if p.name in finished
+    } == finished
+    assert sorted(p.name for p in folder.glob("*.json")) == sorted(
+        f"{v}_seed0.json" for v in VARIANTS
+    )
     assert not (folder / ".checkpoints").exists() or not any((folder / ".checkpoints").iterdir())
 
 
@@ -472,9 +803,26 @@ def test_ctrl_c_during_training_says_how_to_continue_and_the_rerun_resumes(input
     """Ctrl-C (SIGINT): one line saying that finished work is kept, status 130; the same command resumes."""
     protocol = tiny_protocol(tmp_path / "long.yaml", **{"train.epochs": 25, "train.patience": 100})
     out = tmp_path / "results"
-    argv = [sys.executable, "-m", "diagsink", "train", "--variant", "mask", "--protocol", str(protocol),
-            "--data", str(inputs["good"]), "--out", str(out), "--device", "cpu", "--no-progress"]
-    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "diagsink",
+        "train",
+        "--variant",
+        "mask",
+        "--protocol",
+        str(protocol),
+        "--data",
+        str(inputs["good"]),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(
+        argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     ckpt = out / "custom-tiny" / ".checkpoints" / "mask_seed0.ckpt.pt"
     deadline = time.time() + 60
     while time.time() < deadline and not ckpt.exists() and proc.poll() is None:
@@ -483,7 +831,10 @@ def test_ctrl_c_during_training_says_how_to_continue_and_the_rerun_resumes(input
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "interrupted: finished work is kept; rerun the same command to continue."
+    assert (
+        err.strip().splitlines()[-1]
+        == "interrupted: finished work is kept; rerun the same command to continue."
+    )
     assert "Traceback" not in err
     assert ckpt.exists()
     done = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=120)
@@ -499,8 +850,22 @@ def test_damaged_artifact_is_redone_and_damaged_checkpoint_is_ignored(inputs, tm
     from diagsink.train import run_paths
 
     out = tmp_path / "results"
-    argv = ["reproduce", "--protocol", str(inputs["tiny"]), "--data", str(inputs["good"]), "--out", str(out),
-            "--seeds", "1", "--variants", "mask", "--device", "cpu", "--no-progress"]
+    argv = [
+        "reproduce",
+        "--protocol",
+        str(inputs["tiny"]),
+        "--data",
+        str(inputs["good"]),
+        "--out",
+        str(out),
+        "--seeds",
+        "1",
+        "--variants",
+        "mask",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     paths = run_paths(out, "custom-tiny", "mask", 0)
     good = json.loads(paths["json"].read_text())
@@ -524,9 +889,31 @@ def test_same_seed_same_metrics_in_two_processes(inputs, tmp_path):
     arts = []
     for k in range(2):
         out = tmp_path / f"run{k}"
-        proc = subprocess.run([sys.executable, "-m", "diagsink", "train", "--variant", "dropout", "--seed", "5",
-                               "--protocol", str(inputs["tiny"]), "--data", str(inputs["good"]), "--out", str(out),
-                               "--device", "cpu", "--no-progress"], capture_output=True, text=True, env=ENV, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "diagsink",
+                "train",
+                "--variant",
+                "dropout",
+                "--seed",
+                "5",
+                "--protocol",
+                str(inputs["tiny"]),
+                "--data",
+                str(inputs["good"]),
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         arts.append(json.loads((out / "custom-tiny" / "dropout_seed5.json").read_text()))
     a, b = arts
@@ -537,15 +924,20 @@ def test_same_seed_same_metrics_in_two_processes(inputs, tmp_path):
 
 
 CHAPTERS = sorted((Path(__file__).resolve().parents[1] / "book").glob("*.ipynb"))
-_DRAW = re.compile(r"torch\.(randn|rand|randint|randperm|normal|bernoulli)\(|np\.random\.(?!default_rng)|\.random\(")
+_DRAW = re.compile(
+    r"torch\.(randn|rand|randint|randperm|normal|bernoulli)\(|np\.random\.(?!default_rng)|\.random\("
+)
 _SEED = re.compile(r"manual_seed\(|default_rng\(\s*\d|seed=")
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])
 def test_chapters_seed_before_their_first_random_draw(chapter):
     """Two executions of a chapter agree only if its random numbers are seeded before the first draw."""
-    cells = [("".join(c["source"]), c.get("metadata", {}).get("tags", []))
-             for c in json.loads(chapter.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+    cells = [
+        ("".join(c["source"]), c.get("metadata", {}).get("tags", []))
+        for c in json.loads(chapter.read_text(encoding="utf-8"))["cells"]
+        if c["cell_type"] == "code"
+    ]
     first_draw = next((i for i, (src, _) in enumerate(cells) if _DRAW.search(src)), None)
     if first_draw is None:
         return
@@ -557,9 +949,13 @@ def test_chapters_seed_before_their_first_random_draw(chapter):
 
 # ---------------------------------------------------------------- properties
 @settings(max_examples=60, deadline=None)
-@given(n_steps=st.integers(30, 400), t_in=st.integers(1, 12), t_out=st.integers(1, 12),
-       order=st.sampled_from(["dcrnn", "split-first"]),
-       ratios=st.sampled_from([(0.7, 0.1, 0.2), (0.6, 0.2, 0.2), (0.5, 0.25, 0.25), (0.8, 0.1, 0.1)]))
+@given(
+    n_steps=st.integers(30, 400),
+    t_in=st.integers(1, 12),
+    t_out=st.integers(1, 12),
+    order=st.sampled_from(["dcrnn", "split-first"]),
+    ratios=st.sampled_from([(0.7, 0.1, 0.2), (0.6, 0.2, 0.2), (0.5, 0.25, 0.25), (0.8, 0.1, 0.1)]),
+)
 def test_property_windows_stay_inside_their_part(n_steps, t_in, t_out, order, ratios):
     """Every window fits in the series; the parts are ordered and disjoint; split-first never crosses a boundary;
     ``gather`` returns exactly the slices; a series too short raises a DataError that says how to fix it."""
@@ -593,13 +989,18 @@ def test_property_windows_stay_inside_their_part(n_steps, t_in, t_out, order, ra
     starts = s.test[:: max(1, len(s.test) // 5)]
     x, y = P.gather(series, starts, t_in), P.gather(series, starts, t_out, offset=t_in)
     for b, start in enumerate(starts.tolist()):
-        assert torch.equal(x[b], series[start:start + t_in])
-        assert torch.equal(y[b], series[start + t_in:start + width])
+        assert torch.equal(x[b], series[start : start + t_in])
+        assert torch.equal(y[b], series[start + t_in : start + width])
 
 
 @settings(max_examples=30, deadline=None)
-@given(lead=st.lists(st.integers(1, 3), min_size=0, max_size=2), T=st.integers(2, 9), heads=st.integers(1, 3),
-       seed=st.integers(0, 2**16), fast=st.booleans())
+@given(
+    lead=st.lists(st.integers(1, 3), min_size=0, max_size=2),
+    T=st.integers(2, 9),
+    heads=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+    fast=st.booleans(),
+)
 def test_property_shared_dropped_pattern_zeroes_exactly_those_entries(lead, T, heads, seed, fast):
     """A shared ``[T]`` pattern (the paper's diagonal dropout) removes exactly the dropped diagonal entries of every
     sequence and head; the rows still sum to 1 and the fast path's output equals the explicit one.
@@ -618,7 +1019,11 @@ def test_property_shared_dropped_pattern_zeroes_exactly_those_entries(lead, T, h
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**16), shape=st.sampled_from([(6,), (3, 4), (2, 3, 4)]), junk=st.floats(-1e6, 1e6))
+@given(
+    seed=st.integers(0, 2**16),
+    shape=st.sampled_from([(6,), (3, 4), (2, 3, 4)]),
+    junk=st.floats(-1e6, 1e6),
+)
 def test_property_masked_entries_never_matter(seed, shape, junk):
     """Whatever is predicted where the target is 0 (missing): every masked metric and the MAE gradient ignore it."""
     g = torch.Generator().manual_seed(seed)
@@ -638,10 +1043,10 @@ def test_property_masked_entries_never_matter(seed, shape, junk):
 
 # ---------------------------------------------------------------- the README quotes real messages
 def test_readme_troubleshooting_quotes_the_real_messages(inputs, tmp_path, monkeypatch, capsys):
-    """The path-free ``error:`` lines of the README's Troubleshooting section are what the code prints today."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
-    quoted = {line for line in section.splitlines() if line.startswith("error: ")}
+    """The path-free ``error:`` lines of the book's Troubleshooting page are what the code prints today."""
+    page = (ROOT / "book" / "troubleshooting.md").read_text(encoding="utf-8")
+    quoted = {line for line in page.splitlines() if line.startswith("error: ")}
+    assert len(quoted) >= 7, "book/troubleshooting.md lost its quoted error lines"
 
     def first_error(argv):
         try:
@@ -661,8 +1066,20 @@ def test_readme_troubleshooting_quotes_the_real_messages(inputs, tmp_path, monke
         first_error(["train", "--variant", "mask", "--protocol", "papr"]),
         first_error(["train", "--variant", "mask", "--protocol", str(typo)]),
         first_error(["train", "--variant", "mask", "--protocol", "broken.yaml"]),
-        first_error(["train", "--variant", "none", "--protocol", str(inputs["tiny"]), "--data", str(inputs["short"]),
-                     "--out", str(tmp_path / "r"), "--no-progress"]),
+        first_error(
+            [
+                "train",
+                "--variant",
+                "none",
+                "--protocol",
+                str(inputs["tiny"]),
+                "--data",
+                str(inputs["short"]),
+                "--out",
+                str(tmp_path / "r"),
+                "--no-progress",
+            ]
+        ),
     ]
     bad_pickle = make_data(tmp_path / "pkl")
 
@@ -675,4 +1092,6 @@ def test_readme_troubleshooting_quotes_the_real_messages(inputs, tmp_path, monke
     monkeypatch.setenv("DIAGSINK_QUICK", "yes-please")
     produced.append(first_error(["info"]))
     for message in produced:
-        assert message in quoted, f"README Troubleshooting is out of date; the code now prints:\n{message}"
+        assert message in quoted, (
+            f"book/troubleshooting.md is out of date; the code now prints:\n{message}"
+        )

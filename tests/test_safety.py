@@ -45,7 +45,9 @@ def _python_units() -> list[tuple[str, ast.AST]]:
             if cell["cell_type"] != "code":
                 continue
             src = "".join(cell["source"])
-            src = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in src.splitlines())
+            src = "\n".join(
+                "" if line.lstrip().startswith(("%", "!")) else line for line in src.splitlines()
+            )
             units.append((f"{nb.relative_to(ROOT)} cell {i}", ast.parse(src)))
     return units
 
@@ -73,29 +75,63 @@ def test_sources_were_found():
 
 
 def test_no_shell():
-    bad = [f"{name}:{node.lineno} {func}" for name, node, func in _calls()
-           if any(k.arg == "shell" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
-                  for k in node.keywords)
-           or func in ("os.system", "os.popen", "subprocess.getoutput", "subprocess.getstatusoutput")]
-    bad += [f"{p.relative_to(ROOT)}: shell=True" for p in SCRIPTS if "shell=True" in p.read_text(encoding="utf-8")]
+    bad = [
+        f"{name}:{node.lineno} {func}"
+        for name, node, func in _calls()
+        if any(
+            k.arg == "shell" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+            for k in node.keywords
+        )
+        or func in ("os.system", "os.popen", "subprocess.getoutput", "subprocess.getstatusoutput")
+    ]
+    bad += [
+        f"{p.relative_to(ROOT)}: shell=True"
+        for p in SCRIPTS
+        if "shell=True" in p.read_text(encoding="utf-8")
+    ]
     assert not bad, f"commands must be argument lists, never a shell: {bad}"
 
 
-UNSAFE_LOADERS = {"pickle.load", "pickle.loads", "marshal.load", "marshal.loads", "pd.read_pickle",
-                  "pandas.read_pickle", "yaml.load", "yaml.unsafe_load", "yaml.full_load", "dill.load", "joblib.load",
-                  "eval", "exec"}
+UNSAFE_LOADERS = {
+    "pickle.load",
+    "pickle.loads",
+    "marshal.load",
+    "marshal.loads",
+    "pd.read_pickle",
+    "pandas.read_pickle",
+    "yaml.load",
+    "yaml.unsafe_load",
+    "yaml.full_load",
+    "dill.load",
+    "joblib.load",
+    "eval",
+    "exec",
+}
 
 
 def test_no_unrestricted_unpickling_or_eval():
-    bad = [f"{name}:{node.lineno} {func}" for name, node, func in _calls() if func in UNSAFE_LOADERS]
+    bad = [
+        f"{name}:{node.lineno} {func}" for name, node, func in _calls() if func in UNSAFE_LOADERS
+    ]
     # ``from pickle import load`` would hide the call from the check above
     for name, tree in UNITS:
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module in ("pickle", "marshal", "dill", "joblib"):
-                bad += [f"{name}:{node.lineno} from {node.module} import {a.name}" for a in node.names
-                        if a.name in ("load", "loads", "Unpickler")]
+            if isinstance(node, ast.ImportFrom) and node.module in (
+                "pickle",
+                "marshal",
+                "dill",
+                "joblib",
+            ):
+                bad += [
+                    f"{name}:{node.lineno} from {node.module} import {a.name}"
+                    for a in node.names
+                    if a.name in ("load", "loads", "Unpickler")
+                ]
     for p in SCRIPTS:
-        bad += [f"{p.relative_to(ROOT)}: {m}" for m in re.findall(r"pickle\.loads?\(", p.read_text(encoding="utf-8"))]
+        bad += [
+            f"{p.relative_to(ROOT)}: {m}"
+            for m in re.findall(r"pickle\.loads?\(", p.read_text(encoding="utf-8"))
+        ]
     assert not bad, f"unrestricted loaders: {bad}"
 
 
@@ -103,25 +139,45 @@ def test_every_unpickler_restricts_globals():
     found = []
     for name, tree in UNITS:
         for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and any(_dotted(b).endswith("Unpickler") for b in node.bases):
+            if isinstance(node, ast.ClassDef) and any(
+                _dotted(b).endswith("Unpickler") for b in node.bases
+            ):
                 methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
-                assert "find_class" in methods, f"{name}: {node.name} subclasses an Unpickler without find_class"
+                assert "find_class" in methods, (
+                    f"{name}: {node.name} subclasses an Unpickler without find_class"
+                )
                 found.append(node.name)
     # the adjacency pickle's and the HDF attributes' unpicklers
     assert {"RestrictedUnpickler", "_HDFAttributeUnpickler"} <= set(found)
-    bare = [f"{name}:{node.lineno}" for name, node, func in _calls() if func in ("pickle.Unpickler", "Unpickler")]
+    bare = [
+        f"{name}:{node.lineno}"
+        for name, node, func in _calls()
+        if func in ("pickle.Unpickler", "Unpickler")
+    ]
     assert not bare, f"a bare pickle.Unpickler admits every global: {bare}"
 
 
 def test_every_torch_load_is_weights_only():
     loads = [(name, node) for name, node, func in _calls() if func == "torch.load"]
-    bad = [f"{name}:{node.lineno}" for name, node in loads
-           if not any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
-                      for k in node.keywords)]
+    bad = [
+        f"{name}:{node.lineno}"
+        for name, node in loads
+        if not any(
+            k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in node.keywords
+        )
+    ]
     assert not bad, f"torch.load without weights_only=True: {bad}"
-    np_loads = [f"{name}:{node.lineno}" for name, node, func in _calls() if func in ("np.load", "numpy.load")
-                and any(k.arg == "allow_pickle" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
-                        for k in node.keywords)]
+    np_loads = [
+        f"{name}:{node.lineno}"
+        for name, node, func in _calls()
+        if func in ("np.load", "numpy.load")
+        and any(
+            k.arg == "allow_pickle"
+            and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+            for k in node.keywords
+        )
+    ]
     assert not np_loads, f"np.load with allow_pickle: {np_loads}"
 
 
@@ -140,17 +196,25 @@ IDS = ["301", "302", "303", "304"]
 def _folder(root: Path) -> Path:
     root.mkdir(parents=True)
     (root / "graph_sensor_ids.txt").write_text(",".join(IDS))
-    pd.DataFrame({"index": range(4), "sensor_id": IDS, "latitude": 34.0, "longitude": -118.3}).to_csv(
-        root / "graph_sensor_locations.csv", index=False)
-    (root / "adj_mx.pkl").write_bytes(pickle.dumps((IDS, {s: i for i, s in enumerate(IDS)}, np.eye(4, dtype=np.float32)),
-                                                   protocol=4))
+    pd.DataFrame(
+        {"index": range(4), "sensor_id": IDS, "latitude": 34.0, "longitude": -118.3}
+    ).to_csv(root / "graph_sensor_locations.csv", index=False)
+    (root / "adj_mx.pkl").write_bytes(
+        pickle.dumps(
+            (IDS, {s: i for i, s in enumerate(IDS)}, np.eye(4, dtype=np.float32)), protocol=4
+        )
+    )
     index = pd.date_range("2012-03-01", periods=60, freq="5min")
-    pd.DataFrame(np.full((60, 4), 55.0), index=index, columns=IDS).to_hdf(root / "metr-la.h5", key="df")
+    pd.DataFrame(np.full((60, 4), 55.0), index=index, columns=IDS).to_hdf(
+        root / "metr-la.h5", key="df"
+    )
     return root
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize("where", ["group attribute", "index attribute", "object array", "table format"])
+@pytest.mark.parametrize(
+    "where", ["group attribute", "index attribute", "object array", "table format"]
+)
 def test_crafted_hdf_file_runs_no_code(tmp_path, where):
     """PyTables unpickles HDF attributes and object arrays on access; the loader admits only pandas' date offsets."""
     root = _folder(tmp_path / "data")
@@ -174,7 +238,9 @@ def test_crafted_hdf_file_runs_no_code(tmp_path, where):
         D.load_metr_la(root)
     assert not marker.exists(), "a pickled object in the HDF file ran code"
     message = str(info.value)
-    assert "mkdir" in message and "refused" in message and "diagsink data download --force" in message
+    assert (
+        "mkdir" in message and "refused" in message and "diagsink data download --force" in message
+    )
 
 
 @pytest.mark.bad_input
@@ -184,8 +250,12 @@ def test_object_dtype_speed_file_is_refused_with_the_fix(tmp_path):
     index = pd.date_range("2012-03-01", periods=60, freq="5min")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pd.DataFrame([["55"] * 4] * 60, index=index, columns=IDS).to_hdf(root / "metr-la.h5", key="df")
-    with pytest.raises(DataError, match=r"pickled Python objects.*object-dtype.*Fix: save the speeds as float64"):
+        pd.DataFrame([["55"] * 4] * 60, index=index, columns=IDS).to_hdf(
+            root / "metr-la.h5", key="df"
+        )
+    with pytest.raises(
+        DataError, match=r"pickled Python objects.*object-dtype.*Fix: save the speeds as float64"
+    ):
         D.load_metr_la(root)
 
 
@@ -201,7 +271,9 @@ def test_plain_hdf_files_still_load(tmp_path):
     import tables.atom
     import tables.attributeset
 
-    assert tables.atom.pickle is pickle and tables.attributeset.pickle is pickle  # restored afterwards
+    assert (
+        tables.atom.pickle is pickle and tables.attributeset.pickle is pickle
+    )  # restored afterwards
 
 
 @pytest.mark.bad_input
@@ -217,15 +289,34 @@ def test_crafted_checkpoint_runs_no_code(tmp_path):
     ckpt.parent.mkdir(parents=True)
     torch.save({"epoch": 0, "model": _Evil(str(marker))}, ckpt)
     with pytest.warns(UserWarning, match="unreadable checkpoint"):
-        art = train_run(cfg, "none", 0, data=toy_data(120, 3), device="cpu", out_dir=tmp_path / "out", progress=False)
+        art = train_run(
+            cfg,
+            "none",
+            0,
+            data=toy_data(120, 3),
+            device="cpu",
+            out_dir=tmp_path / "out",
+            progress=False,
+        )
     assert not marker.exists()
     assert art["resumed_from_epoch"] is None and art["epochs_run"] == 1
 
 
 # ---------------------------------------------------------------- paths stay inside the output folder
 @pytest.mark.bad_input
-@pytest.mark.parametrize("protocol", ["../outside", "custom-../../outside", "/tmp/custom-abs", "custom/sub", "custom\\sub",
-                                      "", ".hidden", "custom-\x00"])
+@pytest.mark.parametrize(
+    "protocol",
+    [
+        "../outside",
+        "custom-../../outside",
+        "/tmp/custom-abs",
+        "custom/sub",
+        "custom\\sub",
+        "",
+        ".hidden",
+        "custom-\x00",
+    ],
+)
 def test_config_protocol_names_cannot_leave_the_results_folder(protocol):
     cfg = load_config("quick")
     cfg["protocol"] = protocol
@@ -234,8 +325,16 @@ def test_config_protocol_names_cannot_leave_the_results_folder(protocol):
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize("protocol, variant, seed", [("/etc", "none", 0), ("..", "none", 0), ("quick", "/tmp/none", 0),
-                                                     ("quick", "none", "../1"), ("quick", "none", -1)])
+@pytest.mark.parametrize(
+    "protocol, variant, seed",
+    [
+        ("/etc", "none", 0),
+        ("..", "none", 0),
+        ("quick", "/tmp/none", 0),
+        ("quick", "none", "../1"),
+        ("quick", "none", -1),
+    ],
+)
 def test_run_paths_refuse_absolute_and_parent_names(tmp_path, protocol, variant, seed):
     with pytest.raises(ConfigError) as info:
         run_paths(tmp_path, protocol, variant, seed)

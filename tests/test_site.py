@@ -121,7 +121,9 @@ class PageVisit:
         self.page = self.context.new_page()
         self.page.route("**/*", self._route)
         self.page.on("console", self._console)
-        self.page.on("pageerror", lambda exc: self.problems.append(f"uncaught JavaScript error: {exc}"))
+        self.page.on(
+            "pageerror", lambda exc: self.problems.append(f"uncaught JavaScript error: {exc}")
+        )
         self.page.on("requestfailed", self._failed)
         self.page.on("response", self._response)
 
@@ -150,7 +152,9 @@ class PageVisit:
         self.page.goto(self.url, wait_until="load")
         if self.page.locator(".math").count():
             # MathJax is deferred; wait until its start-up (typesetting included) is done
-            self.page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+            self.page.wait_for_function(
+                "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000
+            )
             self.page.evaluate("() => MathJax.startup.promise")
         self.page.wait_for_load_state("networkidle")
 
@@ -177,7 +181,9 @@ def _image_problems(page) -> list[str]:
                              return !alt || /\\.(png|svg|jpe?g)$/i.test(alt); })
             .map(img => img.getAttribute('src'))"""
     )
-    problems += [f"figure without alt text (set mystnb.image.alt on its cell): {src}" for src in no_alt]
+    problems += [
+        f"figure without alt text (set mystnb.image.alt on its cell): {src}" for src in no_alt
+    ]
     return problems
 
 
@@ -209,13 +215,20 @@ def test_page_loads_cleanly(browser, server, docname):
 
 
 def _pages_with(pattern: str) -> list[str]:
-    return [d for d in PAGES if (HTML / f"{d}.html").is_file() and pattern in (HTML / f"{d}.html").read_text(errors="ignore")]
+    return [
+        d
+        for d in PAGES
+        if (HTML / f"{d}.html").is_file()
+        and pattern in (HTML / f"{d}.html").read_text(errors="ignore")
+    ]
 
 
 def test_solution_dropdown_opens(browser, server):
     pages = _pages_with('class="solution dropdown')
     if not pages:
-        assert 'hide_solutions: true' in (ROOT / "_config.yml").read_text(), "no page has a solution dropdown"
+        assert "hide_solutions: true" in (ROOT / "_config.yml").read_text(), (
+            "no page has a solution dropdown"
+        )
         pytest.skip("hide_solutions is on: the site has no solutions")
     visit = PageVisit(browser, server, pages[0])
     try:

@@ -25,7 +25,11 @@ SECRET = "shifted_by_the_row_maximum"  # appears only in the solution cell
 
 def _notebook() -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
 
     def code(src, tag):
         cell = nbformat.v4.new_code_cell(src)
@@ -37,7 +41,10 @@ def _notebook() -> nbformat.NotebookNode:
         nbformat.v4.new_markdown_cell(f"```{{exercise}} Rows\n:label: {LABEL}\n\nWrite it.\n```"),
         code(f'def f(s):\n    raise NotImplementedError("{LABEL}")', "exercise-stub"),
         nbformat.v4.new_markdown_cell(f"```{{solution-start}} {LABEL}\n:class: dropdown\n```"),
-        code(f"def f(s):\n    {SECRET} = s - s.amax(-1, keepdim=True)\n    return {SECRET}", "exercise-solution"),
+        code(
+            f"def f(s):\n    {SECRET} = s - s.amax(-1, keepdim=True)\n    return {SECRET}",
+            "exercise-solution",
+        ),
         nbformat.v4.new_markdown_cell("```{solution-end}\n```"),
         code(f'ds.exercises.check("{LABEL}", f, strict=True)', "exercise-check"),
     ]
@@ -49,9 +56,7 @@ def _build(tmp_path: Path, *, hide: bool) -> dict[str, str]:
 
     src = tmp_path / "src"
     src.mkdir()
-    (src / "index.md").write_text(
-        "# Home\n\n```{toctree}\ndemo\napi\n```\n"
-    )
+    (src / "index.md").write_text("# Home\n\n```{toctree}\ndemo\napi\n```\n")
     (src / "api.md").write_text(
         "# API\n\n```{eval-rst}\n.. automodule:: diagsink.settings\n   :members: Settings\n\n"
         ".. py:function:: demo_ref()\n\n   Uses :class:`Settings` and :class:`diagsink.Settings`.\n```\n"

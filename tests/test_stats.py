@@ -72,7 +72,9 @@ def test_parroting_score_known_cases():
     assert stats.parroting_score(last.clone(), last, target) == pytest.approx(1.0)
     assert stats.parroting_score(target.clone(), last, target) == pytest.approx(0.0)
     for c in (0.25, 0.5, 0.9):
-        assert stats.parroting_score(last + c * (target - last), last, target) == pytest.approx(1 - c)
+        assert stats.parroting_score(last + c * (target - last), last, target) == pytest.approx(
+            1 - c
+        )
     # further away than the truth: clipped at 0
     assert stats.parroting_score(last + 3 * (target - last), last, target) == 0.0
 

@@ -19,8 +19,14 @@ from diagsink.train import toy_data
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
-    "model.d_model": 8, "model.n_heads": 2, "model.depth": 1, "model.node_embed_dim": 3,
-    "train.epochs": 1, "train.warmup_epochs": 0, "train.batch_size": 16, "train.eval_batch_size": 64,
+    "model.d_model": 8,
+    "model.n_heads": 2,
+    "model.depth": 1,
+    "model.node_embed_dim": 3,
+    "train.epochs": 1,
+    "train.warmup_epochs": 0,
+    "train.batch_size": 16,
+    "train.eval_batch_size": 64,
     "train.max_train_windows": 32,
 }
 
@@ -32,9 +38,19 @@ def tiny():
 def test_sweep_writes_valid_artifacts_and_skips_finished_points(tmp_path):
     data = toy_data(120, 4)  # 120 steps: T_in = 100 leaves 9 windows, T_in = 110 none at all
     logs: list[str] = []
-    res = run_sweep("length", tiny(), values=[12, 24, 110], variants=("none",), out_dir=tmp_path, data=data, log=logs.append)
+    res = run_sweep(
+        "length",
+        tiny(),
+        values=[12, 24, 110],
+        variants=("none",),
+        out_dir=tmp_path,
+        data=data,
+        log=logs.append,
+    )
     assert len(res["done"]) == 2 and [p.value for p, _ in res["skipped"]] == [110]
-    assert "T_in = 110 on 120 steps" in res["skipped"][0][1] and any("skip none_T110" in line for line in logs)
+    assert "T_in = 110 on 120 steps" in res["skipped"][0][1] and any(
+        "skip none_T110" in line for line in logs
+    )
     for path, t in zip(res["done"], (12, 24)):
         art = load_artifact(path)  # schema, checksum, provenance
         assert path == point_path(tmp_path, "quick", sweep_points("length", [t], ("none",))[0], 0)
@@ -42,17 +58,31 @@ def test_sweep_writes_valid_artifacts_and_skips_finished_points(tmp_path):
         assert torch.tensor(art["attention"]["mean"]).shape == (t, t)
     mtimes = [p.stat().st_mtime_ns for p in res["done"]]
     logs.clear()
-    again = run_sweep("length", tiny(), values=[12, 24], variants=("none",), out_dir=tmp_path, data=data, log=logs.append)
+    again = run_sweep(
+        "length",
+        tiny(),
+        values=[12, 24],
+        variants=("none",),
+        out_dir=tmp_path,
+        data=data,
+        log=logs.append,
+    )
     assert again["done"] == res["done"] and [p.stat().st_mtime_ns for p in res["done"]] == mtimes
     assert sum("(finished)" in line for line in logs) == 2
     rows = sweep_rows(load_sweep(tmp_path, "quick", "length"))
-    assert [r["value"] for r in rows] == [12, 24] and [r["uniform"] for r in rows] == [1 / 12, 1 / 24]
+    assert [r["value"] for r in rows] == [12, 24] and [r["uniform"] for r in rows] == [
+        1 / 12,
+        1 / 24,
+    ]
 
 
 def test_penalty_sweep_changes_only_the_penalty(tmp_path):
     res = run_sweep("penalty", tiny(), values=[-0.5], out_dir=tmp_path, data=toy_data(80, 3))
     art = load_artifact(res["done"][0])
-    assert art["variant"] == "penalty" and art["provenance"]["config"]["regularizers"]["diag_penalty"] == -0.5
+    assert (
+        art["variant"] == "penalty"
+        and art["provenance"]["config"]["regularizers"]["diag_penalty"] == -0.5
+    )
     assert art["provenance"]["config"]["model"] == tiny()["model"]
 
 
@@ -84,7 +114,11 @@ def test_bad_seeds_and_cli_errors(tmp_path, capsys):
         run_sweep("dropout", tiny(), seeds=0, out_dir=tmp_path, data=toy_data(80, 3))
     assert main(["sweep", "penalty", "--values", "0.3", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error:") and "negative logit offset" in err and len(err.strip().splitlines()) == 1
+    assert (
+        err.startswith("error:")
+        and "negative logit offset" in err
+        and len(err.strip().splitlines()) == 1
+    )
     with pytest.raises(SystemExit):
         main(["sweep", "heads"])
     assert "invalid choice: 'heads'" in capsys.readouterr().err
@@ -96,24 +130,41 @@ def test_order_sweep_trains_both_block_orders(tmp_path):
 
     data = toy_data(80, 3)
     logs: list[str] = []
-    res = run_sweep("order", tiny(), variants=("none", "mask"), out_dir=tmp_path, data=data, log=logs.append)
+    res = run_sweep(
+        "order", tiny(), variants=("none", "mask"), out_dir=tmp_path, data=data, log=logs.append
+    )
     names = sorted(p.name for p in res["done"])
-    assert names == [f"{v}_order{o}_seed0.json" for v in ("mask", "none") for o in ("st", "ts")] and not res["skipped"]
+    assert (
+        names == [f"{v}_order{o}_seed0.json" for v in ("mask", "none") for o in ("st", "ts")]
+        and not res["skipped"]
+    )
     arts = {(a["variant"], a["sweep"]["value"]): a for a in load_sweep(tmp_path, "quick", "order")}
-    for (variant, order), a in arts.items():
+    for (_variant, order), a in arts.items():
         assert a["sweep"]["name"] == "order" and a["sweep"]["key"] == "model.block_order"
         assert a["provenance"]["config"]["model"]["block_order"] == order
-        assert a["provenance"]["config"]["model"]["t_in"] == 12 and len(a["attention"]["mean"]) == 12
+        assert (
+            a["provenance"]["config"]["model"]["t_in"] == 12 and len(a["attention"]["mean"]) == 12
+        )
     # "ts" is the default: its point has the hash of the protocol without the key (an old run counts)
     assert arts[("none", "ts")]["provenance"]["config_hash"] == config_hash(tiny())
     assert arts[("none", "st")]["provenance"]["config_hash"] != config_hash(tiny())
     # same seed, same initial weights, another function: the two orders train to different models
-    assert arts[("none", "ts")]["metrics"]["MAE@mean"] != arts[("none", "st")]["metrics"]["MAE@mean"]
+    assert (
+        arts[("none", "ts")]["metrics"]["MAE@mean"] != arts[("none", "st")]["metrics"]["MAE@mean"]
+    )
     for order in ("ts", "st"):  # the full mask empties the diagonal in both orders
         mean = arts[("mask", order)]["attention"]["mean"]
         assert all(mean[i][i] == 0 for i in range(12))
     logs.clear()
-    again = run_sweep("order", tiny(), values=["st"], variants=("none",), out_dir=tmp_path, data=data, log=logs.append)
+    again = run_sweep(
+        "order",
+        tiny(),
+        values=["st"],
+        variants=("none",),
+        out_dir=tmp_path,
+        data=data,
+        log=logs.append,
+    )
     assert again["done"] == [tmp_path / "sweeps" / "quick" / "order" / "none_orderst_seed0.json"]
     assert logs == ["skip none_orderst_seed0.json (finished)"]
 
@@ -122,7 +173,21 @@ def test_order_sweep_cli(tmp_path, capsys):
     assert main(["sweep", "order", "--values", "ts,diagonal", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "'diagonal' is not a block order; allowed: ts, st" in err
-    assert main(["sweep", "order", "--values", "st", "--variants", "penalty,nope", "--out", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                "order",
+                "--values",
+                "st",
+                "--variants",
+                "penalty,nope",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "unknown variant 'nope'" in capsys.readouterr().err
     assert not (tmp_path / "sweeps").exists()
 
@@ -142,11 +207,19 @@ def test_committed_artifacts_are_current_after_adding_block_order():
         for a in load_sweep(ROOT / "book" / "results", "quick", name):
             cfg = a["provenance"]["config"]
             epochs = cfg["train"]["epochs"]  # run_sweep's --epochs override, then the swept key
-            now = override(quick, {"train.epochs": epochs, "train.warmup_epochs": min(quick["train"]["warmup_epochs"], epochs - 1)})
+            now = override(
+                quick,
+                {
+                    "train.epochs": epochs,
+                    "train.warmup_epochs": min(quick["train"]["warmup_epochs"], epochs - 1),
+                },
+            )
             now = override(now, {key: a["sweep"]["value"]})
             assert a["provenance"]["config_hash"] == config_hash(now), a["sweep"]
             if name != "order":
-                assert "block_order" not in cfg["model"]  # made before the key existed, or with the default left out
+                assert (
+                    "block_order" not in cfg["model"]
+                )  # made before the key existed, or with the default left out
             n += 1
     assert n > 0
 
@@ -164,7 +237,9 @@ def test_heatmap_statistics_on_committed_artifacts():
         m = torch.tensor(a["attention"]["mean"], dtype=torch.float64)
         heads = torch.tensor(a["attention"]["per_head"], dtype=torch.float64)
         t = m.shape[-1]
-        torch.testing.assert_close(heads.mean(0), m, atol=1e-6, rtol=0)  # mean = average of the heads
+        torch.testing.assert_close(
+            heads.mean(0), m, atol=1e-6, rtol=0
+        )  # mean = average of the heads
         dm = diagonal_mass(m)
         assert dm.uniform == 1 / t and 0 <= dm.mass <= 1
         assert 0 <= float(attention_entropy(m, normalized=True).mean()) <= 1 + 1e-9
@@ -182,7 +257,9 @@ def test_committed_sweep_artifacts_are_valid():
             assert len(a["attention"]["mean"]) == t and a["sweep"]["name"] == name
         t_base = load_config("quick")["model"]["t_in"]
         for row in sweep_rows(arts):
-            assert row["uniform"] == pytest.approx(1 / (row["value"] if name == "length" else t_base))
+            assert row["uniform"] == pytest.approx(
+                1 / (row["value"] if name == "length" else t_base)
+            )
             if name == "order":
                 assert row["value"] in ("ts", "st")
             assert 0 <= row["diag_mass"] <= 1 and row["MAE@mean"] > 0
@@ -203,7 +280,9 @@ def test_heatmap_exercise_wrong_answers_get_hints():
     assert not r.passed and "leave the diagonal out" in r.message
     r = ds.exercises.check("ex-heatmaps-off-range", lambda a: (float(a.max()), float(a.min())))
     assert not r.passed
-    r = ds.exercises.check("ex-heatmaps-stripes", lambda a: column_stripe_index(a.transpose(-2, -1)))
+    r = ds.exercises.check(
+        "ex-heatmaps-stripes", lambda a: column_stripe_index(a.transpose(-2, -1))
+    )
     assert not r.passed and "queries" in r.message
     r = ds.exercises.check("ex-heatmaps-stripes", lambda a: 0.5)
     assert not r.passed and "all rows equal must give 1" in r.message

@@ -20,9 +20,16 @@ from diagsink.errors import ConfigError
 from diagsink.train import lr_at, predict, prepare, reproduce, run_paths, toy_data, train_run
 
 TINY = {
-    "model.d_model": 8, "model.n_heads": 2, "model.depth": 1, "model.node_embed_dim": 3,
-    "train.epochs": 4, "train.batch_size": 16, "train.eval_batch_size": 64, "train.max_train_windows": 48,
-    "train.warmup_epochs": 1, "train.lr": 5e-3,
+    "model.d_model": 8,
+    "model.n_heads": 2,
+    "model.depth": 1,
+    "model.node_embed_dim": 3,
+    "train.epochs": 4,
+    "train.batch_size": 16,
+    "train.eval_batch_size": 64,
+    "train.max_train_windows": 48,
+    "train.warmup_epochs": 1,
+    "train.lr": 5e-3,
 }
 
 
@@ -113,14 +120,23 @@ def test_kill_minus_9_then_resume_gives_the_same_metrics(tmp_path):
     script.write_text(SCRIPT.replace("{tiny!r}", repr(cfg_changes)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # reference: uninterrupted
-    ref = subprocess.run([sys.executable, str(script), str(tmp_path / "ref"), "0"], capture_output=True, text=True,
-                         env=env, timeout=120)
+    ref = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ref"), "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert ref.returncode == 0, ref.stderr
     # interrupted: kill -9 once a checkpoint of epoch >= 2 exists
     out = tmp_path / "crash"
     ckpt = run_paths(out, "quick", "penalty", 0)["checkpoint"]
-    proc = subprocess.Popen([sys.executable, str(script), str(out), "0.4"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out), "0.4"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 60
     epoch = 0
     while time.time() < deadline and proc.poll() is None:
@@ -136,8 +152,13 @@ def test_kill_minus_9_then_resume_gives_the_same_metrics(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not run_paths(out, "quick", "penalty", 0)["json"].exists()
-    resumed = subprocess.run([sys.executable, str(script), str(out), "0"], capture_output=True, text=True,
-                             env=env, timeout=120)
+    resumed = subprocess.run(
+        [sys.executable, str(script), str(out), "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert resumed.returncode == 0, resumed.stderr
     art = json.loads(run_paths(out, "quick", "penalty", 0)["json"].read_text())
     assert art["resumed_from_epoch"] is not None and art["resumed_from_epoch"] >= 2
@@ -151,10 +172,14 @@ def test_kill_minus_9_then_resume_gives_the_same_metrics(tmp_path):
 def test_reproduce_skips_finished_runs(tmp_path):
     data = toy_data()
     cfg = tiny(**{"train.epochs": 2})
-    paths = reproduce(cfg, 1, variants=("none", "mask"), device="cpu", out_dir=tmp_path, data=data, progress=False)
+    paths = reproduce(
+        cfg, 1, variants=("none", "mask"), device="cpu", out_dir=tmp_path, data=data, progress=False
+    )
     assert [p.name for p in paths] == ["none_seed0.json", "mask_seed0.json"]
     stamps = [p.stat().st_mtime_ns for p in paths]
-    again = reproduce(cfg, 1, variants=("none", "mask"), device="cpu", out_dir=tmp_path, data=data, progress=False)
+    again = reproduce(
+        cfg, 1, variants=("none", "mask"), device="cpu", out_dir=tmp_path, data=data, progress=False
+    )
     assert again == paths and [p.stat().st_mtime_ns for p in paths] == stamps
 
 
@@ -162,13 +187,17 @@ def test_a_finished_run_removes_temporaries_left_by_a_killed_writer(tmp_path):
     """kill -9 during an atomic write leaves ``.<name>.<random>.tmp``; the run that finishes the job removes it."""
     cfg = tiny(**{"train.epochs": 2})
     paths = run_paths(tmp_path, cfg["protocol"], "none", 0)
-    stale = [paths["checkpoint"].parent / f".{paths['checkpoint'].name}.k9x2.tmp",
-             paths["json"].parent / f".{paths['json'].name}.a1b2.tmp"]
+    stale = [
+        paths["checkpoint"].parent / f".{paths['checkpoint'].name}.k9x2.tmp",
+        paths["json"].parent / f".{paths['json'].name}.a1b2.tmp",
+    ]
     other = paths["json"].parent / ".mask_seed0.json.c3d4.tmp"  # another run's: not ours to delete
     for p in [*stale, other]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"half a checkpoint")
-    reproduce(cfg, 1, variants=("none",), device="cpu", out_dir=tmp_path, data=toy_data(), progress=False)
+    reproduce(
+        cfg, 1, variants=("none",), device="cpu", out_dir=tmp_path, data=toy_data(), progress=False
+    )
     assert paths["json"].exists()
     assert not any(p.exists() for p in stale)
     assert not paths["checkpoint"].parent.exists()  # the empty .checkpoints folder is gone as well
@@ -176,17 +205,33 @@ def test_a_finished_run_removes_temporaries_left_by_a_killed_writer(tmp_path):
     # killed after writing the artifact but before deleting the checkpoint: the skip tidies up
     paths["checkpoint"].parent.mkdir()
     paths["checkpoint"].write_bytes(b"the last epoch")
-    reproduce(cfg, 1, variants=("none",), device="cpu", out_dir=tmp_path, data=toy_data(), progress=False)
+    reproduce(
+        cfg, 1, variants=("none",), device="cpu", out_dir=tmp_path, data=toy_data(), progress=False
+    )
     assert not paths["checkpoint"].parent.exists()
 
 
 def test_reproduce_with_another_config_keeps_the_old_result(tmp_path):
     data = toy_data()
-    first = reproduce(tiny(**{"train.epochs": 2}), 1, variants=("none",), device="cpu", out_dir=tmp_path,
-                      data=data, progress=False)[0]
+    first = reproduce(
+        tiny(**{"train.epochs": 2}),
+        1,
+        variants=("none",),
+        device="cpu",
+        out_dir=tmp_path,
+        data=data,
+        progress=False,
+    )[0]
     old_text = first.read_text()
-    reproduce(tiny(**{"train.epochs": 3}), 1, variants=("none",), device="cpu", out_dir=tmp_path, data=data,
-              progress=False)
+    reproduce(
+        tiny(**{"train.epochs": 3}),
+        1,
+        variants=("none",),
+        device="cpu",
+        out_dir=tmp_path,
+        data=data,
+        progress=False,
+    )
     kept = sorted((first.parent / "superseded").glob("none_seed0.*.json"))
     assert len(kept) == 1 and kept[0].read_text() == old_text  # the finished run is not lost
     assert first.read_text() != old_text  # and the new configuration's run replaced it
@@ -206,7 +251,9 @@ def test_cli_reports_bad_input(capsys):
     assert "paper, book, quick" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "--variant", "diag-mask"])
-    assert main(["reproduce", "--protocol", "quick", "--seeds", "1", "--variants", "none,masked"]) == 2
+    assert (
+        main(["reproduce", "--protocol", "quick", "--seeds", "1", "--variants", "none,masked"]) == 2
+    )
     assert "masked" in capsys.readouterr().err
 
 

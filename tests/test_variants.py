@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import ROOT
 
 from diagsink import variants
 from diagsink.errors import ConfigError
+
+from conftest import ROOT
 
 
 def test_letters_follow_the_papers_results_table():

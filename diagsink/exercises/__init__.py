@@ -176,7 +176,9 @@ def compare_tensors(
 
     if not isinstance(got, torch.Tensor):
         return f"{name} should be a torch.Tensor, but your function returned {type(got).__name__}."
-    if got.is_complex() != expected.is_complex() or (got.is_floating_point() != expected.is_floating_point()):
+    if got.is_complex() != expected.is_complex() or (
+        got.is_floating_point() != expected.is_floating_point()
+    ):
         return f"{name} has dtype {got.dtype}; a {expected.dtype} tensor is expected."
     if tuple(got.shape) != tuple(expected.shape):
         return (

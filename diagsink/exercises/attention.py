@@ -23,7 +23,12 @@ from ..attention import pack_diagonal_bias
 from ..positional import sinusoidal_table, tape_table
 from . import compare_tensors, fresh_generator, register
 
-__all__ = ["check_penalised_scores", "check_diag_masked_attention", "check_tape", "check_block_bias"]
+__all__ = [
+    "check_penalised_scores",
+    "check_diag_masked_attention",
+    "check_tape",
+    "check_block_bias",
+]
 
 
 def _randint(gen: torch.Generator, low: int, high: int) -> int:
@@ -41,10 +46,17 @@ def _matches(got: object, candidate: torch.Tensor, atol: float = 1e-5, rtol: flo
 
 # ---------------------------------------------------------------------------------------------
 @register("ex-attention-penalty")
-def check_penalised_scores(penalised_scores: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> str | None:
+def check_penalised_scores(
+    penalised_scores: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor],
+) -> str | None:
     """Fresh ``q, k`` of shape ``[B, H, T, d]`` and a fresh negative penalty."""
     gen = fresh_generator()
-    b, h, t, d = _randint(gen, 1, 3), _randint(gen, 1, 4), _randint(gen, 3, 9), _randint(gen, 2, 8) * 2
+    b, h, t, d = (
+        _randint(gen, 1, 3),
+        _randint(gen, 1, 4),
+        _randint(gen, 3, 9),
+        _randint(gen, 2, 8) * 2,
+    )
     q = torch.randn(b, h, t, d, generator=gen, dtype=torch.float64)
     k = torch.randn(b, h, t, d, generator=gen, dtype=torch.float64)
     penalty = -0.05 - float(torch.rand((), generator=gen, dtype=torch.float64))
@@ -60,13 +72,24 @@ def check_penalised_scores(penalised_scores: Callable[[torch.Tensor, torch.Tenso
         return None
     wrong = [
         (dots / scale, "the diagonal is missing the penalty: add it to the entries s_ii only."),
-        (dots / scale + penalty, "the penalty was added to every entry; it belongs on the diagonal s_ii only "
-         "(adding a constant to a whole row does not change the softmax at all)."),
-        ((dots + penalty * eye) / scale, "the penalty was scaled by 1/sqrt(d) as well: add it after the scaling."),
-        (dots + penalty * eye, "the dot products are not divided by sqrt(d), the square root of the head size."),
+        (
+            dots / scale + penalty,
+            "the penalty was added to every entry; it belongs on the diagonal s_ii only "
+            "(adding a constant to a whole row does not change the softmax at all).",
+        ),
+        (
+            (dots + penalty * eye) / scale,
+            "the penalty was scaled by 1/sqrt(d) as well: add it after the scaling.",
+        ),
+        (
+            dots + penalty * eye,
+            "the dot products are not divided by sqrt(d), the square root of the head size.",
+        ),
         (dots / d + penalty * eye, "the dot products are divided by d; divide by sqrt(d) instead."),
-        (k @ q.transpose(-1, -2) / scale + penalty * eye,
-         "rows and columns are swapped: row i holds query i, column j key j (q k^T, not k q^T)."),
+        (
+            k @ q.transpose(-1, -2) / scale + penalty * eye,
+            "rows and columns are swapped: row i holds query i, column j key j (q k^T, not k q^T).",
+        ),
     ]
     for candidate, hint in wrong:
         if _matches(got, candidate):
@@ -76,7 +99,9 @@ def check_penalised_scores(penalised_scores: Callable[[torch.Tensor, torch.Tenso
 
 # ---------------------------------------------------------------------------------------------
 @register("ex-attention-mask")
-def check_diag_masked_attention(diag_masked_attention: Callable[[torch.Tensor], torch.Tensor]) -> str | None:
+def check_diag_masked_attention(
+    diag_masked_attention: Callable[[torch.Tensor], torch.Tensor],
+) -> str | None:
     """Fresh logits ``[B, H, T, T]`` with ``T >= 2``; the diagonal must get weight exactly 0."""
     gen = fresh_generator()
     b, h, t = _randint(gen, 1, 3), _randint(gen, 1, 4), _randint(gen, 2, 9)
@@ -94,14 +119,23 @@ def check_diag_masked_attention(diag_masked_attention: Callable[[torch.Tensor], 
     plain = torch.softmax(scores, dim=-1)
     wrong = [
         (plain, "the diagonal is not masked: set the diagonal logits to -inf before the softmax."),
-        (plain.masked_fill(eye, 0.0), "you zeroed the diagonal after the softmax, so the rows no longer sum to 1: "
-         "mask the logits (set them to -inf) before the softmax instead."),
-        (torch.softmax(scores.masked_fill(eye, 0.0), dim=-1),
-         "a logit of 0 is not a mask: exp(0) = 1 still gives the diagonal weight. Use -inf."),
-        (torch.softmax(scores.masked_fill(eye, float("-inf")), dim=-2),
-         "the softmax runs over the queries (dim=-2); it must normalise over the keys, the last dimension."),
-        (torch.softmax(scores.masked_fill(~eye, float("-inf")), dim=-1),
-         "you masked everything except the diagonal; mask the diagonal itself (torch.eye marks it)."),
+        (
+            plain.masked_fill(eye, 0.0),
+            "you zeroed the diagonal after the softmax, so the rows no longer sum to 1: "
+            "mask the logits (set them to -inf) before the softmax instead.",
+        ),
+        (
+            torch.softmax(scores.masked_fill(eye, 0.0), dim=-1),
+            "a logit of 0 is not a mask: exp(0) = 1 still gives the diagonal weight. Use -inf.",
+        ),
+        (
+            torch.softmax(scores.masked_fill(eye, float("-inf")), dim=-2),
+            "the softmax runs over the queries (dim=-2); it must normalise over the keys, the last dimension.",
+        ),
+        (
+            torch.softmax(scores.masked_fill(~eye, float("-inf")), dim=-1),
+            "you masked everything except the diagonal; mask the diagonal itself (torch.eye marks it).",
+        ),
     ]
     for candidate, hint in wrong:
         if _matches(got, candidate, atol=1e-7):
@@ -136,9 +170,15 @@ def check_tape(tape: Callable[[int, int], torch.Tensor]) -> str | None:
     blocks = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
     wrong = [
         (sin_table, "this is the plain sinusoidal table: tAPE multiplies every angle by C / T."),
-        (inverse, "the angles are scaled by T / C; tAPE scales them by C / T (d_model over the sequence length)."),
+        (
+            inverse,
+            "the angles are scaled by T / C; tAPE scales them by C / T (d_model over the sequence length).",
+        ),
         (swapped, "sine and cosine are swapped: even channels hold sin, odd channels cos."),
-        (blocks, "the sines and cosines are in two blocks; interleave them: channel 2k is sin, channel 2k+1 is cos."),
+        (
+            blocks,
+            "the sines and cosines are in two blocks; interleave them: channel 2k is sin, channel 2k+1 is cos.",
+        ),
     ]
     for candidate, hint in wrong:
         if _matches(got, candidate, **tol):
@@ -147,7 +187,9 @@ def check_tape(tape: Callable[[int, int], torch.Tensor]) -> str | None:
     if hint is not None:
         return hint
     # T = C: tAPE must reduce to the sinusoidal table
-    return compare_tensors(tape(c, c), sinusoidal_table(c, c, dtype=torch.float64), name=f"tape({c}, {c})", **tol)
+    return compare_tensors(
+        tape(c, c), sinusoidal_table(c, c, dtype=torch.float64), name=f"tape({c}, {c})", **tol
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,21 +208,38 @@ def check_block_bias(block_bias: Callable[[int, int], torch.Tensor]) -> str | No
     if torch.equal(got, expected):
         q, k, v = torch.randn(3, g, t, 4, generator=gen, dtype=torch.float64)
         alone = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v  # [G, T, 4]
-        packed = torch.softmax(q.reshape(g * t, 4) @ k.reshape(g * t, 4).T / 2.0 + got, dim=-1) @ v.reshape(g * t, 4)
-        return compare_tensors(packed.reshape(g, t, 4), alone, name="packed attention with your bias")
+        packed = torch.softmax(
+            q.reshape(g * t, 4) @ k.reshape(g * t, 4).T / 2.0 + got, dim=-1
+        ) @ v.reshape(g * t, 4)
+        return compare_tensors(
+            packed.reshape(g, t, 4), alone, name="packed attention with your bias"
+        )
     inf = float("-inf")
     same = expected == 0
-    interleaved = torch.kron(torch.ones(g, g), torch.eye(t)).bool()  # step i of every sequence together
+    interleaved = torch.kron(
+        torch.ones(g, g), torch.eye(t)
+    ).bool()  # step i of every sequence together
     wrong = [
-        (torch.zeros(g * t, g * t).masked_fill(same, inf),
-         "0 and -inf are swapped: a step must see its own sequence (bias 0) and not the others (-inf)."),
-        (torch.zeros(g * t, g * t).masked_fill(~interleaved, inf),
-         "the sequences lie one after another: sequence g holds steps g*T ... g*T + T - 1, not every G-th step."),
-        (same.double(), "use 0 within a sequence and -inf between sequences (not 1 and 0): the bias is added to the logits."),
+        (
+            torch.zeros(g * t, g * t).masked_fill(same, inf),
+            "0 and -inf are swapped: a step must see its own sequence (bias 0) and not the others (-inf).",
+        ),
+        (
+            torch.zeros(g * t, g * t).masked_fill(~interleaved, inf),
+            "the sequences lie one after another: sequence g holds steps g*T ... g*T + T - 1, not every G-th step.",
+        ),
+        (
+            same.double(),
+            "use 0 within a sequence and -inf between sequences (not 1 and 0): the bias is added to the logits.",
+        ),
     ]
     for candidate, hint in wrong:
         if torch.equal(got, candidate.to(torch.float64)):
             return hint
-    if bool((got[~same] < -1e3).all()) and bool(torch.isfinite(got[~same]).all()) and bool((got[same] == 0).all()):
+    if (
+        bool((got[~same] < -1e3).all())
+        and bool(torch.isfinite(got[~same]).all())
+        and bool((got[same] == 0).all())
+    ):
         return "almost: a large negative number still gives a tiny weight across sequences; use -inf, which gives exactly 0."
     return compare_tensors(got, expected, name=f"block_bias({t}, {g})")

@@ -111,10 +111,14 @@ def check_fit_slope(fit_slope: Callable[..., float]) -> str | None:
         return f"return the slope as one number, not {type(got).__name__}."
     if math.isclose(got, expected, abs_tol=1e-8):
         return None
-    naive = (math.log(values[-1]) - math.log(values[0])) / (math.log(lengths[-1]) - math.log(lengths[0]))
+    naive = (math.log(values[-1]) - math.log(values[0])) / (
+        math.log(lengths[-1]) - math.log(lengths[0])
+    )
     if math.isclose(got, naive, abs_tol=1e-8):
         return "you used the two end points only: fit a least-squares line through all points (np.polyfit)."
     lin = float(np.polyfit(lengths, values, 1)[0])
     if math.isclose(got, lin, abs_tol=1e-8):
         return "fit the line to log(values) against log(lengths), not to the raw numbers."
-    return f"your slope {got:.4g} is not the least-squares slope of log(values) against log(lengths)."
+    return (
+        f"your slope {got:.4g} is not the least-squares slope of log(values) against log(lengths)."
+    )

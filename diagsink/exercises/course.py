@@ -26,7 +26,9 @@ def check_row_softmax(row_softmax: Callable[[torch.Tensor], torch.Tensor]) -> st
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-5):
             if torch.allclose(got.sum(dim=-2), torch.ones_like(sums), atol=1e-5):
                 return "the columns sum to 1, not the rows: normalise over the last dimension (dim=-1)."
-            return "the rows of your result do not sum to 1: divide each exp by the sum over its row."
+            return (
+                "the rows of your result do not sum to 1: divide each exp by the sum over its row."
+            )
     hint = compare_tensors(got, torch.softmax(scores, dim=-1), name="the attention weights")
     if hint is not None:
         return hint

@@ -84,7 +84,9 @@ def check_query_blocks(query_blocks: Callable[..., torch.Tensor]) -> str | None:
         uncentred = torch.einsum("im,ma,mc,cb->iab", alpha, z, k, W_Q) / x.shape[1] ** 0.5
         if torch.allclose(got64, uncentred, atol=1e-8):
             return "centre the keys: use k_m − k̄_i (k̄_i = Σ_m α_im k_m), which the softmax derivative produces."
-        wrong_side = torch.einsum("im,ma,mc,cb->iab", alpha, z, k - alpha @ k, W_K) / x.shape[1] ** 0.5
+        wrong_side = (
+            torch.einsum("im,ma,mc,cb->iab", alpha, z, k - alpha @ k, W_K) / x.shape[1] ** 0.5
+        )
         if torch.allclose(got64, wrong_side, atol=1e-8):
             return "the query path ends with W_Q (the derivative of q_i = W_Q x_i), not W_K."
     return compare_tensors(got, expected, name="the query blocks", atol=1e-8, rtol=1e-6)
@@ -104,7 +106,9 @@ def check_key_path(key_path: Callable[..., torch.Tensor]) -> str | None:
     if isinstance(got, torch.Tensor) and got.shape == expected.shape:
         got64 = got.detach().to(torch.float64)
         if torch.allclose(got64, expected + paths["value"], atol=1e-8):
-            return "you return value + key: the value path α_ij W_V is a separate path, leave it out."
+            return (
+                "you return value + key: the value path α_ij W_V is a separate path, leave it out."
+            )
         q = x @ W_Q.T
         k = x @ W_K.T
         alpha = torch.softmax(q @ k.T / C**0.5, dim=-1)

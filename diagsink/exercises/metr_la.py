@@ -29,10 +29,16 @@ def check_masked_mae(masked_mae: Callable) -> str | None:
     target.view(-1)[0] = 0.0  # at least one missing
     target.view(-1)[1] = 55.0  # at least one observed
     pred = target + 5 * torch.randn(shape, generator=gen, dtype=torch.float64)
-    pred[target == 0] = 50 + 10 * torch.rand(int((target == 0).sum()), generator=gen, dtype=torch.float64)
+    pred[target == 0] = 50 + 10 * torch.rand(
+        int((target == 0).sum()), generator=gen, dtype=torch.float64
+    )
     got = masked_mae(pred.clone(), target.clone())
     expected = _reference_mae(pred, target)
-    got_t = torch.as_tensor(got, dtype=torch.float64) if not isinstance(got, torch.Tensor) else got.to(torch.float64)
+    got_t = (
+        torch.as_tensor(got, dtype=torch.float64)
+        if not isinstance(got, torch.Tensor)
+        else got.to(torch.float64)
+    )
     if got_t.numel() != 1:
         return f"masked_mae should return one number (a 0-d tensor), not a tensor of shape {list(got_t.shape)}."
     value = float(got_t)
@@ -42,18 +48,24 @@ def check_masked_mae(masked_mae: Callable) -> str | None:
         if abs(value - plain) < 1e-9:
             return "your result equals the plain MAE: targets equal to 0 are missing readings and must be left out."
         if abs(value - float(expected) * share) < 1e-6:
-            return ("you leave the missing entries out of the sum but still divide by the number of ALL entries: "
-                    "divide by the number of observed (non-zero) targets.")
+            return (
+                "you leave the missing entries out of the sum but still divide by the number of ALL entries: "
+                "divide by the number of observed (non-zero) targets."
+            )
         return "wrong value: the mean of |pred - target| over the entries whose target is not 0."
-    hint = compare_tensors(torch.as_tensor(value), torch.as_tensor(float(expected)), name="masked_mae", atol=1e-6)
+    hint = compare_tensors(
+        torch.as_tensor(value), torch.as_tensor(float(expected)), name="masked_mae", atol=1e-6
+    )
     if hint is not None:
         return hint
     try:
         empty = masked_mae(pred.clone(), torch.zeros(shape, dtype=torch.float64))
     except (ValueError, ZeroDivisionError, RuntimeError):
         return None
-    return (f"for a batch whose targets are all 0 your function returned {float(torch.as_tensor(empty)):.3g}; "
-            "there is nothing to average, so raise a ValueError instead of returning a number.")
+    return (
+        f"for a batch whose targets are all 0 your function returned {float(torch.as_tensor(empty)):.3g}; "
+        "there is nothing to average, so raise a ValueError instead of returning a number."
+    )
 
 
 @register("ex-metr-la-windows")
@@ -73,12 +85,25 @@ def check_make_windows(make_windows: Callable) -> str | None:
     starts = torch.arange(w)
     xr = series[starts[:, None] + torch.arange(t_in)[None, :]]
     yr = series[starts[:, None] + t_in + torch.arange(t_out)[None, :]]
-    if isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[1:] == (t_in, n) and x.shape[0] != w:
-        return (f"you made {x.shape[0]} windows from {t} steps; with {t_in} inputs and {t_out} outputs there are "
-                f"T - t_in - t_out + 1 of them: the last window's targets end exactly at the last step.")
-    if isinstance(y, torch.Tensor) and y.shape == yr.shape and torch.allclose(y, series[starts[:, None] + t_in - 1 + torch.arange(t_out)[None, :]]):
+    if (
+        isinstance(x, torch.Tensor)
+        and x.dim() == 3
+        and x.shape[1:] == (t_in, n)
+        and x.shape[0] != w
+    ):
+        return (
+            f"you made {x.shape[0]} windows from {t} steps; with {t_in} inputs and {t_out} outputs there are "
+            f"T - t_in - t_out + 1 of them: the last window's targets end exactly at the last step."
+        )
+    if (
+        isinstance(y, torch.Tensor)
+        and y.shape == yr.shape
+        and torch.allclose(y, series[starts[:, None] + t_in - 1 + torch.arange(t_out)[None, :]])
+    ):
         return "the targets start one step too early: y begins right AFTER the last input step, at s + t_in."
-    return compare_tensors(x, xr, name="x (the inputs)") or compare_tensors(y, yr, name="y (the targets)")
+    return compare_tensors(x, xr, name="x (the inputs)") or compare_tensors(
+        y, yr, name="y (the targets)"
+    )
 
 
 @register("ex-metr-la-split")
@@ -101,6 +126,8 @@ def check_split_sizes(dcrnn_split_sizes: Callable) -> str | None:
         trunc = (int(n * 0.7), n - int(n * 0.7) - int(n * 0.2), int(n * 0.2))
         if got == trunc:
             return "DCRNN rounds (round(n * 0.2), round(n * 0.7)); int() truncates and is off by one for some n."
-        return (f"for {n} windows you give {got}; the test part is round(n * 0.2), the training part "
-                "round(n * 0.7), and validation gets what is left.")
+        return (
+            f"for {n} windows you give {got}; the test part is round(n * 0.2), the training part "
+            "round(n * 0.7), and validation gets what is left."
+        )
     return None

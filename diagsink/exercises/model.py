@@ -17,7 +17,12 @@ import torch
 
 from . import fresh_generator, register
 
-__all__ = ["check_diffusion_terms", "check_lr_schedule", "reference_diffusion_terms", "reference_lr_schedule"]
+__all__ = [
+    "check_diffusion_terms",
+    "check_lr_schedule",
+    "reference_diffusion_terms",
+    "reference_lr_schedule",
+]
 
 
 def reference_diffusion_terms(p: torch.Tensor, x: torch.Tensor, k: int) -> torch.Tensor:
@@ -32,18 +37,29 @@ def reference_diffusion_terms(p: torch.Tensor, x: torch.Tensor, k: int) -> torch
 def reference_lr_schedule(epoch: int, lr: float, min_lr: float, warmup: int, epochs: int) -> float:
     if epoch < warmup:
         return lr * (epoch + 1) / warmup
-    return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * (epoch - warmup) / max(1, epochs - warmup)))
+    return min_lr + (lr - min_lr) * 0.5 * (
+        1 + math.cos(math.pi * (epoch - warmup) / max(1, epochs - warmup))
+    )
 
 
 def _close(got: object, ref: torch.Tensor) -> bool:
-    return isinstance(got, torch.Tensor) and got.shape == ref.shape and bool(torch.allclose(got.double(), ref, atol=1e-8))
+    return (
+        isinstance(got, torch.Tensor)
+        and got.shape == ref.shape
+        and bool(torch.allclose(got.double(), ref, atol=1e-8))
+    )
 
 
 @register("ex-model-diffusion")
-def check_diffusion_terms(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> str | None:
+def check_diffusion_terms(
+    fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
+) -> str | None:
     """Fresh non-symmetric row-stochastic ``p`` ``[N, N]``, ``x`` ``[B, T, N, C]`` and ``k``."""
     gen = fresh_generator()
-    b, t, n, c = (int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in ((1, 4), (2, 6), (4, 9), (2, 5)))
+    b, t, n, c = (
+        int(torch.randint(lo, hi, (1,), generator=gen))
+        for lo, hi in ((1, 4), (2, 6), (4, 9), (2, 5))
+    )
     k = int(torch.randint(1, 4, (1,), generator=gen))
     a = torch.rand(n, n, generator=gen, dtype=torch.float64)
     p = a / a.sum(1, keepdim=True)
@@ -55,14 +71,24 @@ def check_diffusion_terms(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.
     if not isinstance(got, torch.Tensor):
         return f"return a tensor, not {type(got).__name__}."
     if got.shape != ref.shape:
-        return (f"shape {tuple(got.shape)} but expected [B, T, N, (k + 1) C] = {tuple(ref.shape)}: keep x itself as "
-                "the first term and concatenate the k diffused copies on the last (channel) axis.")
+        return (
+            f"shape {tuple(got.shape)} but expected [B, T, N, (k + 1) C] = {tuple(ref.shape)}: keep x itself as "
+            "the first term and concatenate the k diffused copies on the last (channel) axis."
+        )
     if _close(got, reference_diffusion_terms(p.T, x, k)):
         return "you diffused with P^T: sensor n must aggregate Σ_m P[n, m] x[..., m, :] (rows of P), not the columns."
     if _close(got, torch.cat([x] + [torch.linalg.matrix_power(p, 1) @ x] * k, dim=-1)):
         return "every term uses P once; term j must be P^j x (apply P again to the previous term)."
     if _close(got, torch.cat([x] + [torch.diagonal(p)[:, None] * x] * k, dim=-1)) or _close(
-        got, torch.cat([x] + [torch.diagonal(torch.linalg.matrix_power(p, j))[:, None] * x for j in range(1, k + 1)], dim=-1)
+        got,
+        torch.cat(
+            [x]
+            + [
+                torch.diagonal(torch.linalg.matrix_power(p, j))[:, None] * x
+                for j in range(1, k + 1)
+            ],
+            dim=-1,
+        ),
     ):
         return "only the diagonal of P is used (like einsum('nn,...')): sensors must mix with their neighbours."
     return "values differ from the reference; check that P acts on the node axis (second to last) of x."
@@ -78,7 +104,9 @@ def check_lr_schedule(fn: Callable[[int, float, float, int, int], float]) -> str
     epochs = warmup + int(torch.randint(5, 40, (1,), generator=gen))
     got = [fn(e, lr, min_lr, warmup, epochs) for e in range(epochs)]
     ref = [reference_lr_schedule(e, lr, min_lr, warmup, epochs) for e in range(epochs)]
-    if all(isinstance(g, (int, float)) and math.isclose(g, r, rel_tol=1e-6) for g, r in zip(got, ref)):
+    if all(
+        isinstance(g, (int, float)) and math.isclose(g, r, rel_tol=1e-6) for g, r in zip(got, ref)
+    ):
         return None
     if not all(isinstance(g, (int, float)) for g in got):
         return "return a Python float for each epoch."

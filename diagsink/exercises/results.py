@@ -64,7 +64,9 @@ def check_paired_t(fn: Callable[[list[float], list[float]], float]) -> str | Non
         return None
     if math.isclose(got, -ref, rel_tol=1e-6):
         return "the sign is flipped: use d = a - b."
-    if math.isclose(got, mean / (math.sqrt(sum((v - mean) ** 2 for v in d) / n) / math.sqrt(n)), rel_tol=1e-6):
+    if math.isclose(
+        got, mean / (math.sqrt(sum((v - mean) ** 2 for v in d) / n) / math.sqrt(n)), rel_tol=1e-6
+    ):
         return "use the sample standard deviation of the differences (divide by n - 1, not n)."
     sa = math.sqrt(sum((x - sum(a) / n) ** 2 for x in a) / (n - 1))
     sb = math.sqrt(sum((x - sum(b) / n) ** 2 for x in b) / (n - 1))

@@ -1,0 +1,48 @@
+"""tools/layout_check.py: it finds what the layout rules forbid, and the tree has no new case."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+from conftest import ROOT
+
+_spec = importlib.util.spec_from_file_location("layout_check", ROOT / "tools" / "layout_check.py")
+layout_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(layout_check)
+
+
+def _package(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("from . import a\n")
+    body = "\n".join(f"    x{i} = {i}" for i in range(85))
+    (pkg / "long.py").write_text(f'def f():\n    """Doc."""\n{body}\n' + "\n" * 400)
+    (pkg / "imp.py").write_text(
+        "def g():\n    import os\n    return os\n\n\ndef h():\n"
+        "    # reason: start-up time\n    import json\n    return json\n"
+    )
+    return pkg
+
+
+def test_finds_long_modules_long_functions_hidden_imports_and_cycles(tmp_path):
+    problems = layout_check.check(_package(tmp_path))
+    keys = {layout_check.key(p.replace(f"{tmp_path}/", "")) for p in problems}
+    assert "pkg/long.py: module over 450 lines" in keys
+    assert "pkg/long.py: function f over 80 lines" in keys
+    assert "pkg/imp.py: import inside g()" in keys
+    assert not any("inside h()" in k for k in keys)  # the import with a reason is allowed
+    assert any(k.startswith("import cycle") and "pkg.a" in k and "pkg.b" in k for k in keys)
+
+
+def test_the_package_has_no_problem_outside_the_baseline():
+    run = subprocess.run(
+        [sys.executable, "tools/layout_check.py", "--baseline", "tools/layout_baseline.txt"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
