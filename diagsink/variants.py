@@ -57,8 +57,10 @@ SHORT_LABELS: dict[str, str] = {
     for v in VARIANTS
 }
 
-#: Dropout probability and penalty as reported in the paper's text (released defaults: 0, -0.05).
+#: Diagonal-dropout probability reported in the paper's text (the released default is 0).
 REPORTED_DIAG_P = 0.2
+
+#: Diagonal penalty reported in the paper's text (the released default is -0.05).
 REPORTED_DIAG_PENALTY = -0.1
 
 
