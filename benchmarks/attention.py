@@ -189,9 +189,8 @@ def diagnose(
         block = ds.attention.pack_diagonal_bias(torch.full((T,), -0.1, device=device), groups)
         cases["packed"] = (qp, kp, vp, block, gp)
     core: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(
-        rounds + 1
-    ):  # interleaved, like the layer variants; the first round is a warm-up
+    # interleaved, like the layer variants; the first round is a warm-up
+    for _ in range(rounds + 1):
         for name, (q_, k_, v_, mask, grad) in cases.items():
             sync(device)
             start = CLOCK()

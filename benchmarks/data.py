@@ -81,9 +81,8 @@ def main(argv=None) -> int:
     raw_bytes = D.FULL_STEPS * D.N_SENSORS * 8
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pd.read_hdf(
-            folder / "metr-la.h5", "df"
-        )  # warm the OS file cache and the imports: time the code, not the disk
+        # warm the OS file cache and the imports: time the code, not the disk
+        pd.read_hdf(folder / "metr-la.h5", "df")
 
     tracemalloc.start()
     t0 = time.perf_counter()

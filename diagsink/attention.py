@@ -439,14 +439,12 @@ class TemporalAttention(nn.Module):
 
     def _logits(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """``q k^T / sqrt(d_h) + b``: ``[..., T, C] -> [..., H, T, T]`` (``b`` broadcasts to the result)."""
-        q = self.split_heads(self.q_proj(x)) / math.sqrt(
-            self.d_head
-        )  # scaling q: T·d numbers, not T·T
+        # scaling q: T·d numbers, not T·T
+        q = self.split_heads(self.q_proj(x)) / math.sqrt(self.d_head)
         k = self.split_heads(self.k_proj(x))
         s = q @ k.transpose(-1, -2)  # [..., H, T, T]
-        return (
-            s if b is None else s.add_(b)
-        )  # in place: s is new, and its gradient does not need it
+        # in place: s is new, and its gradient does not need it
+        return s if b is None else s.add_(b)
 
     def scores(self, x: torch.Tensor, dropped: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``s = q k^T / sqrt(d_h) + b``: ``[..., T, C] -> [..., H, T, T]``.
@@ -495,18 +493,16 @@ class TemporalAttention(nn.Module):
         *lead, length, channels = h.shape
         n_seq = math.prod(lead)
         groups = pack_groups(n_seq, length, h.device, p_drop)
-        hp = h.reshape(
-            n_seq // groups, groups * length, channels
-        )  # G consecutive sequences end to end
+        # G consecutive sequences end to end
+        hp = h.reshape(n_seq // groups, groups * length, channels)
         q = self.split_heads(self.q_proj(hp))  # [n_seq / G, H, G·T, d_h]
         k = self.split_heads(self.k_proj(hp))
         v = self.split_heads(self.v_proj(hp))
         if groups > 1:
             b = self._packed_bias(h, dropped, groups)
         else:
-            b = self._bias(
-                h, dropped, cache=True
-            )  # [T, T], or [..., H, T, T] for per-sequence patterns
+            # [T, T], or [..., H, T, T] for per-sequence patterns
+            b = self._bias(h, dropped, cache=True)
             if b is not None and b.dim() > 3:
                 b = b.expand(*lead, self.n_heads, length, length).reshape(
                     n_seq, self.n_heads, length, length
@@ -519,9 +515,8 @@ class TemporalAttention(nn.Module):
     ) -> torch.Tensor:
         """The bias of ``G`` sequences of ``h`` packed end to end (:func:`pack_diagonal_bias`); cached when constant."""
         *lead, length, _ = h.shape
-        diagonal = self._bias(
-            h, dropped, cache=False, diagonal=True
-        )  # None, [T], [H, T] or [..., H, T]
+        # None, [T], [H, T] or [..., H, T]
+        diagonal = self._bias(h, dropped, cache=False, diagonal=True)
         if diagonal is None or self.diag in ("mask", "penalty"):  # the same in every forward pass
             value = 0.0 if diagonal is None else _constant_value(self.diag, self.diag_penalty)
             return _packed_constant(length, groups, value, h.dtype, h.device)
@@ -563,9 +558,8 @@ class TemporalAttention(nn.Module):
         # computation that measured slower than the explicit one here (benchmarks/attention.py).
         if return_attention or (p_drop > 0.0 and h.device.type == "cpu"):
             h = h.contiguous()  # one copy of a strided input, shared by the three projections
-            attn = torch.softmax(
-                self._logits(h, self._bias(h, dropped, cache=True)), dim=-1
-            )  # [..., H, T, T]
+            # [..., H, T, T]
+            attn = torch.softmax(self._logits(h, self._bias(h, dropped, cache=True)), dim=-1)
             v = self.split_heads(self.v_proj(h))  # [..., H, T, d_h]
             mixed = (F.dropout(attn, p_drop, training=True) if p_drop else attn) @ v
             out = self.out_proj(self.merge_heads(mixed))  # [..., T, C]

@@ -134,9 +134,8 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         and isinstance(cfg.get("model"), dict)
         and "block_order" in cfg["model"]
     ):
-        check_block_order(
-            cfg["model"]["block_order"]
-        )  # before the type check: its message lists the choices
+        # before the type check: its message lists the choices
+        check_block_order(cfg["model"]["block_order"])
     _check(cfg, SCHEMA, "", OPTIONAL)
     m, t, r, d = cfg["model"], cfg["train"], cfg["regularizers"], cfg["data"]
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", cfg["protocol"]):

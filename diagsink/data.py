@@ -646,9 +646,8 @@ def load_metr_la(root: str | Path | None = None, *, download: bool | None = None
     path = find_speed_file(folder)
     assert path is not None
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore"
-        )  # pytables' NaturalNameWarning etc. are not the user's problem
+        # pytables' NaturalNameWarning etc. are not the user's problem
+        warnings.simplefilter("ignore")
         values, index, columns = read_speed_arrays(path)
     speed, timestamps = validate_speed(values, index, columns, sensor_ids, path=path)
     is_full = speed.shape[0] == FULL_STEPS and timestamps[0] == FULL_START

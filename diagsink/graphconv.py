@@ -226,9 +226,8 @@ class DiffusionGraphConv(nn.Module):
         spatial = None
         for stacked, w in groups:
             k = stacked.shape[0]
-            mixed = (stacked.to(x.dtype).reshape(k * n, n) @ flat).reshape(
-                k, n * b * t, c
-            )  # message passing
+            # message passing
+            mixed = (stacked.to(x.dtype).reshape(k * n, n) @ flat).reshape(k, n * b * t, c)
             part = torch.bmm(mixed, w.to(mixed.dtype)).sum(0)  # [N B T, D]
             spatial = part if spatial is None else spatial + part
         spatial = spatial.reshape(n, b, t, d).permute(1, 2, 0, 3)  # [B, T, N, D]

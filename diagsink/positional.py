@@ -46,9 +46,8 @@ def _angles(
     length: int, d_model: int, scale: float, dtype: torch.dtype, device=None
 ) -> torch.Tensor:
     """``scale · t · ω_k`` for ``t < T`` and ``ω_k = 10000^(-2k/C)``: ``[T, ⌈C/2⌉]``."""
-    work = (
-        torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
-    )  # MPS has no float64
+    # MPS has no float64
+    work = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
     position = torch.arange(length, dtype=work, device=device)[:, None]  # [T, 1]
     even = torch.arange(0, d_model, 2, dtype=work, device=device)  # 2k = 0, 2, 4, ...
     omega = torch.exp(-math.log(10000.0) * even / d_model)  # ω_k = 10000^(-2k/C)

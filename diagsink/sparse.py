@@ -117,9 +117,8 @@ class SparseDiffusionGraphConv(DiffusionGraphConv):
         for p in self.supports():
             h = flat
             for _ in range(self.order):
-                if (
-                    p.is_sparse
-                ):  # float32 outside autocast: sparse kernels for every dtype are not a given
+                # float32 outside autocast: sparse kernels for every dtype are not a given
+                if p.is_sparse:
                     with torch.autocast(device_type=x.device.type, enabled=False):
                         h = torch.sparse.mm(p, h.float()).to(x.dtype)
                 else:
@@ -130,9 +129,8 @@ class SparseDiffusionGraphConv(DiffusionGraphConv):
         weight = self.mix.weight.to(x.dtype)  # [D, (1 + S K) C]
         d = weight.shape[0]
         w_terms = weight[:, c:].reshape(d, len(terms), c).permute(1, 2, 0)  # [S K, C, D]
-        spatial = (
-            torch.bmm(mixed, w_terms).sum(0).reshape(n, b, t, d).permute(1, 2, 0, 3)
-        )  # [B, T, N, D]
+        # [B, T, N, D]
+        spatial = torch.bmm(mixed, w_terms).sum(0).reshape(n, b, t, d).permute(1, 2, 0, 3)
         bias = None if self.mix.bias is None else self.mix.bias.to(x.dtype)
         return self.dropout(torch.nn.functional.linear(x, weight[:, :c], bias) + spatial)
 

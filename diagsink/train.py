@@ -166,9 +166,8 @@ def build_model(cfg: dict[str, Any], variant: str, prepared: Prepared) -> TSMode
         speed_std=prepared.std,
         block_order=m.get("block_order", "ts"),  # optional key (diagsink.config.OPTIONAL)
     ).to(prepared.series.device)
-    return sparsify(
-        model
-    )  # torch.sparse road-graph products when the graph is large (book/scaling.ipynb)
+    # torch.sparse road-graph products when the graph is large (book/scaling.ipynb)
+    return sparsify(model)
 
 
 def lr_at(epoch: int, cfg: dict[str, Any]) -> float:
@@ -500,9 +499,8 @@ def train_run(
     best_state = _cpu_state(model)
     stopped = "max_epochs"
     resumed_from = None
-    dist = (
-        distributed_context()
-    )  # DDP hooks under torchrun, no-ops otherwise (diagsink.distributed)
+    # DDP hooks under torchrun, no-ops otherwise (diagsink.distributed)
+    dist = distributed_context()
     dist.barrier()  # rank 0's last checkpoint is complete before any rank looks for one
     if write and paths["checkpoint"].exists():
         try:
@@ -616,9 +614,8 @@ def train_run(
             stopped, finished = "time_limit", True
         elif epoch >= t["epochs"]:
             finished = True
-        finished, stopped = dist.agree(
-            finished, stopped
-        )  # rank 0 decides (time limits differ per rank)
+        # rank 0 decides (time limits differ per rank)
+        finished, stopped = dist.agree(finished, stopped)
         if write:
             state = {
                 "variant": variant,

@@ -69,9 +69,8 @@ def _writable(args: argparse.Namespace, protocol: str, variant: str) -> None:
     from ._io import ensure_writable_dir
     from .train import run_paths
 
-    run_paths(
-        args.out, protocol, variant, 0
-    )  # a protocol name that would leave --out is refused here
+    # a protocol name that would leave --out is refused here
+    run_paths(args.out, protocol, variant, 0)
     ensure_writable_dir(args.out, "--out")
 
 

@@ -51,11 +51,16 @@ _NAMES = {
 #: Labels as the paper's table prints them, e.g. ``"(d) diagonal dropout"``.
 LABELS: dict[str, str] = {v: f"({LETTERS[v]}) {_NAMES[v]}" for v in VARIANTS}
 
-#: Short labels for panel titles, e.g. ``"(d) dropout"``.
-SHORT_LABELS: dict[str, str] = {
-    v: f"({LETTERS[v]}) {_NAMES[v].removeprefix('diagonal ').removeprefix('full diagonal ')}"
-    for v in VARIANTS
+_SHORT_NAMES = {
+    "no_residual": "no residual",
+    "none": "no regularization",
+    "mask": "mask",
+    "dropout": "dropout",
+    "penalty": "penalty",
 }
+
+#: Short labels for panel titles, e.g. ``"(d) dropout"``.
+SHORT_LABELS: dict[str, str] = {v: f"({LETTERS[v]}) {_SHORT_NAMES[v]}" for v in VARIANTS}
 
 #: Diagonal-dropout probability reported in the paper's text (the released default is 0).
 REPORTED_DIAG_P = 0.2

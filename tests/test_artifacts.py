@@ -106,9 +106,8 @@ def test_committed_artifact_is_valid(path):
 def test_committed_results_load_per_protocol():
     for folder in {p.parent for p in COMMITTED}:
         arts = load_results(folder)
-        assert (
-            len({a["provenance"]["config_hash"] for a in arts}) == 1
-        )  # one config per protocol folder
+        # one config per protocol folder
+        assert len({a["provenance"]["config_hash"] for a in arts}) == 1
 
 
 def test_paired_comparison_and_t_quantile():

@@ -375,9 +375,8 @@ def test_pack_diagonal_bias_per_head_and_per_sequence():
     assert got.shape == (H, G * T, G * T)
     for h in range(H):
         torch.testing.assert_close(got[h], ds.attention.pack_diagonal_bias(per_head[h], G))
-    per_sequence = torch.randn(
-        4, H, T
-    )  # 4 sequences -> 2 packs; sequence s*G + g is part g of pack s
+    # 4 sequences -> 2 packs; sequence s*G + g is part g of pack s
+    per_sequence = torch.randn(4, H, T)
     got = ds.attention.pack_diagonal_bias(per_sequence, G)
     assert got.shape == (2, H, G * T, G * T)
     for s in range(2):

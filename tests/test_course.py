@@ -79,9 +79,8 @@ def mini_book(tmp_path: Path) -> Path:
         "format: jb-book\nroot: book/intro\nparts:\n  - caption: Demo\n    chapters:\n      - file: book/demo\n"
     )
     (root / "book" / "intro.md").write_text("# Intro\n")
-    (root / "book" / "results" / "quick").mkdir(
-        parents=True
-    )  # artifacts the chapters read by relative path
+    # artifacts the chapters read by relative path
+    (root / "book" / "results" / "quick").mkdir(parents=True)
     (root / "book" / "results" / "quick" / "run.json").write_text('{"mae": 1.0}')
     (root / "book" / "_static").mkdir()
     (root / "book" / "_static" / "site.css").write_text("")

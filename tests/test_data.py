@@ -254,9 +254,8 @@ def test_gaussian_kernel_on_a_hand_made_table():
         }
     )
     adj = A.gaussian_kernel_adjacency(table, ids)
-    d = np.array(
-        [0.0, 100.0, 300.0, 200.0, 0.0, 900.0], dtype=np.float32
-    )  # "x" is not a chosen sensor
+    # "x" is not a chosen sensor
+    d = np.array([0.0, 100.0, 300.0, 200.0, 0.0, 900.0], dtype=np.float32)
     sigma = d.std()
     expect = np.zeros((3, 3), dtype=np.float32)
     for (i, j), dist in zip([(0, 0), (0, 1), (1, 0), (1, 2), (2, 2), (0, 2)], d):
@@ -317,9 +316,8 @@ def test_table_format_falls_back_to_pandas_with_the_same_result(tmp_path):
     frame = pd.read_hdf(root / "metr-la.h5", "df")
     (root / "metr-la.h5").unlink()
     frame.to_hdf(root / "metr-la.h5", key="df", format="table")
-    assert (
-        D._read_fixed_arrays(root / "metr-la.h5") is None
-    )  # not the fixed layout: pandas reads it
+    # not the fixed layout: pandas reads it
+    assert D._read_fixed_arrays(root / "metr-la.h5") is None
     table = D.load_metr_la(root)
     np.testing.assert_array_equal(table.speed, fixed.speed)
     assert (table.timestamps == fixed.timestamps).all() and table.speed.flags.writeable

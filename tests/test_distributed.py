@@ -102,9 +102,8 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_pat
         progress=False,
     )
     for got in ranks:
-        assert (
-            got["first"] == {} and got["resumed_from"] == 1
-        )  # interrupted after 1 epoch, then resumed
+        # interrupted after 1 epoch, then resumed
+        assert got["first"] == {} and got["resumed_from"] == 1
         assert got["best_epoch"] == ref["best_epoch"]
         assert got["processes"].startswith("DistributedDataParallel, 2 processes (gloo)")
         for key, value in ref["metrics"].items():
@@ -155,9 +154,8 @@ def test_cli_distributed_flag_runs_torchrun_and_writes_one_artifact(tmp_path):
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("none seed 0: MAE@3") == 1, (
-        proc.stdout
-    )  # the summary line comes from rank 0 only
+    # the summary line comes from rank 0 only
+    assert proc.stdout.count("none seed 0: MAE@3") == 1, proc.stdout
     art = json.loads(run_paths(tmp_path / "out", "custom-ddp", "none", 0)["json"].read_text())
     assert art["provenance"]["processes"].startswith("DistributedDataParallel, 2 processes (gloo)")
     assert art["epochs_run"] == 2

@@ -81,9 +81,8 @@ def files(tmp_path_factory) -> dict[str, bytes]:
     graph = _graph_files()
     ids = graph["graph_sensor_ids.txt"].decode().split(",")
     index = pd.date_range(D.FULL_START, periods=D.FULL_STEPS, freq="5min")
-    day = (
-        np.round(8 * (60 - 10 * np.sin(np.arange(288) / 288 * 2 * np.pi))) / 8
-    )  # synthetic, k/8 values
+    # synthetic, k/8 values
+    day = np.round(8 * (60 - 10 * np.sin(np.arange(288) / 288 * 2 * np.pi))) / 8
     speed = np.tile(day, D.FULL_STEPS // 288)[:, None] + np.zeros((1, len(ids)))
     speed[::97, ::5] = 0.0
     pd.DataFrame(speed, index=index, columns=ids).to_hdf(
@@ -237,9 +236,8 @@ def test_dead_mirrors_then_a_good_one(tmp_path, point_at, files):
 
 def test_graph_file_with_wrong_content_is_not_stored(tmp_path, point_at, monkeypatch, server):
     point_at("ok/full.h5")
-    monkeypatch.setattr(
-        DL, "GRAPH_URL", server + "/ok/short.h5?{name}"
-    )  # serves an h5 for every graph file
+    # serves an h5 for every graph file
+    monkeypatch.setattr(DL, "GRAPH_URL", server + "/ok/short.h5?{name}")
     root = tmp_path / "data"
     with pytest.raises(DataError, match="could not download graph_sensor_ids.txt"):
         DL.download_metr_la(root, progress=False)

@@ -163,9 +163,8 @@ def test_last_value_copies_the_present_and_fills_gaps():
     pred = B.last_value(speed, torch.tensor([0, 1]), t_in=2, t_out=3)
     assert pred.shape == (2, 3, 2)
     np.testing.assert_array_equal(pred[0], [[20.0, 2.0]] * 3)
-    np.testing.assert_array_equal(
-        pred[1], [[20.0, 3.0]] * 3
-    )  # step 2 of sensor 0 is missing: filled with 20
+    # step 2 of sensor 0 is missing: filled with 20
+    np.testing.assert_array_equal(pred[1], [[20.0, 3.0]] * 3)
     raw = B.last_value(speed, torch.tensor([1]), t_in=2, t_out=3, fill=False)
     np.testing.assert_array_equal(raw[0], [[0.0, 3.0]] * 3)
 

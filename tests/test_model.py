@@ -244,9 +244,8 @@ def test_block_orders_are_different_functions_of_the_same_weights():
     ts, st = _pair()
     assert ts.state_dict().keys() == st.state_dict().keys()
     for k, v in ts.state_dict().items():
-        torch.testing.assert_close(
-            st.state_dict()[k], v, msg=k
-        )  # same initialisation from the same seed
+        # same initialisation from the same seed
+        torch.testing.assert_close(st.state_dict()[k], v, msg=k)
     x = torch.randn(2, 12, 5, 2)
     with torch.no_grad():
         assert (ts(x) - st(x)).abs().max() > 1e-3

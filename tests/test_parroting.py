@@ -209,9 +209,8 @@ def test_path_block_norms_total_matches_autograd():
     J = torch.func.jacrev(lambda inp: res.model(inp))(x)  # [T, D, T, D]
     by_autograd = torch.linalg.matrix_norm(J.permute(0, 2, 1, 3)) / 5**0.5
     torch.testing.assert_close(norms["total"], by_autograd, atol=1e-5, rtol=1e-4)
-    assert (
-        float(norms["query"].fill_diagonal_(0).abs().max()) == 0.0
-    )  # the query path lives on the diagonal only
+    # the query path lives on the diagonal only
+    assert float(norms["query"].fill_diagonal_(0).abs().max()) == 0.0
 
 
 @pytest.mark.slow

@@ -111,9 +111,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     out["empty"].mkdir()
     out["file"].write_text("not a folder")
     out["good"] = make_data(base / "good")
-    out["short"] = make_data(
-        base / "short", steps=26
-    )  # 3 windows of 24 steps: no validation window
+    # 3 windows of 24 steps: no validation window
+    out["short"] = make_data(base / "short", steps=26)
     corrupt = make_data(base / "corrupt")
     rng = np.random.default_rng(1)
     (corrupt / "metr-la.h5").write_bytes(rng.integers(0, 256, 50_000, dtype=np.uint8).tobytes())
@@ -157,9 +156,8 @@ def _api_cases():
 
     def diverging(_):
         data = toy_data(200, 4)
-        data.speed[:] = (
-            np.nan
-        )  # a model fed NaN cannot learn: the run must stop with a clear message
+        # a model fed NaN cannot learn: the run must stop with a clear message
+        data.speed[:] = np.nan
         from diagsink.train import prepare
 
         cfg = override(load_config("quick"), TINY)
@@ -651,9 +649,8 @@ def test_kill_minus_9_during_download_then_rerun(tmp_path):
         )
         part = root / "metr-la.h5.part"
         deadline = time.time() + 60
-        while (
-            time.time() < deadline and not part.exists()
-        ):  # opened: the transfer is under way (and stalls)
+        # opened: the transfer is under way (and stalls)
+        while time.time() < deadline and not part.exists():
             assert proc.poll() is None, proc.communicate()[1][-800:]
             time.sleep(0.05)
         assert part.exists(), "the download never started"
@@ -737,9 +734,8 @@ def test_kill_minus_9_during_artifact_writes_leaves_only_whole_files(tmp_path):
         raw = path.read_bytes()
         assert len(raw) == 8_000_000 and raw == bytes([seed % 251]) * 8_000_000, path
     leftovers = [p.name for p in folder.iterdir() if p.suffix not in (".json", ".pt")]
-    assert all(n.startswith(".") and n.endswith(".tmp") for n in leftovers), (
-        leftovers
-    )  # temp names only
+    # temp names only
+    assert all(n.startswith(".") and n.endswith(".tmp") for n in leftovers), leftovers
     assert len(load_results(folder)) == len(jsons)  # the loader never sees a temp file
 
 

@@ -271,9 +271,8 @@ def test_plain_hdf_files_still_load(tmp_path):
     import tables.atom
     import tables.attributeset
 
-    assert (
-        tables.atom.pickle is pickle and tables.attributeset.pickle is pickle
-    )  # restored afterwards
+    # restored afterwards
+    assert tables.atom.pickle is pickle and tables.attributeset.pickle is pickle
 
 
 @pytest.mark.bad_input

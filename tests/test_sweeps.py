@@ -217,9 +217,8 @@ def test_committed_artifacts_are_current_after_adding_block_order():
             now = override(now, {key: a["sweep"]["value"]})
             assert a["provenance"]["config_hash"] == config_hash(now), a["sweep"]
             if name != "order":
-                assert (
-                    "block_order" not in cfg["model"]
-                )  # made before the key existed, or with the default left out
+                # made before the key existed, or with the default left out
+                assert "block_order" not in cfg["model"]
             n += 1
     assert n > 0
 
@@ -237,9 +236,8 @@ def test_heatmap_statistics_on_committed_artifacts():
         m = torch.tensor(a["attention"]["mean"], dtype=torch.float64)
         heads = torch.tensor(a["attention"]["per_head"], dtype=torch.float64)
         t = m.shape[-1]
-        torch.testing.assert_close(
-            heads.mean(0), m, atol=1e-6, rtol=0
-        )  # mean = average of the heads
+        # mean = average of the heads
+        torch.testing.assert_close(heads.mean(0), m, atol=1e-6, rtol=0)
         dm = diagonal_mass(m)
         assert dm.uniform == 1 / t and 0 <= dm.mass <= 1
         assert 0 <= float(attention_entropy(m, normalized=True).mean()) <= 1 + 1e-9

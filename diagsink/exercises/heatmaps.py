@@ -45,12 +45,10 @@ def _number(got: object) -> float | str:
 def check_off_range(fn: Callable[[torch.Tensor], tuple[float, float]]) -> str | None:
     gen = fresh_generator()
     masked = random_maps(gen)
-    masked = masked * (
-        1 - torch.eye(masked.shape[-1], dtype=masked.dtype)
-    )  # like the mask variant: alpha_ii = 0,
-    masked = masked / masked.sum(
-        -1, keepdim=True
-    )  # so a range that includes the diagonal starts at 0
+    # like the mask variant: alpha_ii = 0,
+    masked = masked * (1 - torch.eye(masked.shape[-1], dtype=masked.dtype))
+    # so a range that includes the diagonal starts at 0
+    masked = masked / masked.sum(-1, keepdim=True)
     for attn in (masked, random_maps(gen), random_maps(gen)):
         t = attn.shape[-1]
         off = attn[~torch.eye(t, dtype=torch.bool)]
