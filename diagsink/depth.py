@@ -13,8 +13,10 @@ Jacobians, each in closed form:
   ``x̂_t = (x_t − μ_t) / σ_t``, and ``∂y_t/∂x_s = 0`` for ``s ≠ t`` (block diagonal in time;
   ``β`` drops out).
 
-Chapter: ``book/depth.ipynb`` ("Depth, LayerNorm and the coupling of query path and logit
-spread").
+It extends the single-layer closed form of the chapters "The Jacobian of a
+temporal-attention layer" (``book/jacobian.ipynb``) and "Why the diagonal wins: sensitivity
+bounds" (``book/bounds.ipynb``). No chapter page uses it yet; the theory issue plans a depth
+chapter.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def layernorm_jacobian(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
 
     Covers ``eps``, the gain ``γ`` (``elementwise_affine``) and the shift ``β`` (which drops
     out of the derivative). Entry ``[t, :, s, :]`` is ``∂y_t/∂x_s``: zero for ``s ≠ t``, and
-    ``diag(γ) (I − 1 1ᵀ/C − x̂_t x̂_tᵀ/C) / σ_t`` on the diagonal. Chapter ``book/depth.ipynb``.
+    ``diag(γ) (I − 1 1ᵀ/C − x̂_t x̂_tᵀ/C) / σ_t`` on the diagonal.
     """
     if not isinstance(ln, nn.LayerNorm):
         raise ConfigError(f"expected an nn.LayerNorm, got {type(ln).__name__}.")
@@ -106,8 +108,7 @@ def network_jacobian(
 
     Returns:
         ``J`` with ``J[i, :, j, :] = ∂(stack(x))_i / ∂x_j``: the product of the per-layer
-        closed forms (:func:`layer_jacobian`), the last layer on the left. Chapter
-        ``book/depth.ipynb``.
+        closed forms (:func:`layer_jacobian`), the last layer on the left.
     """
     if len(layers) == 0:
         raise ConfigError("layers is empty: pass at least one TemporalAttention or LayerNorm.")

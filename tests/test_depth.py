@@ -1,6 +1,6 @@
 """LayerNorm and stack Jacobians (diagsink.depth) against autograd; bounds at long T.
 
-Chapter: book/depth.ipynb (the bounds tests also belong to book/bounds.ipynb).
+Module diagsink.depth (no chapter page yet); the bounds tests belong to book/bounds.ipynb.
 """
 
 from __future__ import annotations
