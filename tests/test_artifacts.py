@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import re
 
 import pytest
 
@@ -19,7 +19,8 @@ from diagsink.artifacts import (
 from diagsink.config import load_config, override
 from diagsink.train import toy_data, train_run
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 COMMITTED = sorted((ROOT / "book" / "results").glob("*/*.json"))
 
 
@@ -147,3 +148,22 @@ def test_results_exercise_checks():
     assert check("ex-results-paired", paired).passed
     flipped = check("ex-results-paired", lambda a, b: paired(b, a))
     assert not flipped.passed and "sign" in flipped.message
+
+
+EVERY_COMMITTED = sorted(
+    p for p in (ROOT / "book" / "results").rglob("*.json") if "superseded" not in p.parts
+)
+
+
+def test_every_committed_artifact_comes_from_a_clean_commit():
+    """A result must name the code that made it: a commit without uncommitted changes."""
+    assert EVERY_COMMITTED, "book/results holds no artifacts"
+    dirty = [
+        p.relative_to(ROOT).as_posix()
+        for p in EVERY_COMMITTED
+        if not re.fullmatch(r"[0-9a-f]{40}", json.loads(p.read_text())["provenance"]["git_commit"])
+    ]
+    assert dirty == [], (
+        f"{len(dirty)} committed artifacts were written from a dirty tree or an unknown commit "
+        f"(first: {dirty[:3]}); regenerate them from a clean checkout (diagsink reproduce / sweep)"
+    )
