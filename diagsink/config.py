@@ -44,7 +44,7 @@ __all__ = [
     "config_hash",
 ]
 
-PROTOCOLS: tuple[str, ...] = ("paper", "book", "quick")
+PROTOCOLS: tuple[str, ...] = ("paper", "book", "quick", "slice")
 
 _NUM = (int, float)
 #: key -> type (or nested schema). ``None`` in a tuple means the value may be null.

@@ -430,7 +430,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("sweep", choices=tuple(SWEEPS), help="which setting to sweep")
     p.add_argument(
-        "--protocol", default="quick", help="quick, book, paper or a YAML file (default quick)"
+        "--protocol",
+        default="quick",
+        help="quick, book, paper, slice or a YAML file (default quick)",
     )
     p.add_argument("--seeds", type=_positive, default=1, help="seeds 0..n-1 (default 1)")
     p.add_argument(

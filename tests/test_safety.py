@@ -27,7 +27,7 @@ import torch
 import yaml
 
 from diagsink import data as D
-from diagsink.config import load_config, validate_config
+from diagsink.config import PROTOCOLS, load_config, validate_config
 from diagsink.errors import ConfigError, DataError
 from diagsink.train import run_paths, toy_data, train_run
 
@@ -350,7 +350,7 @@ def test_symlinked_protocol_folder_pointing_outside_is_refused(tmp_path):
 
 
 def test_packaged_configs_load_with_the_safe_yaml_loader():
-    for name in ("paper", "book", "quick"):
+    for name in PROTOCOLS:
         text = (ROOT / "diagsink" / "configs" / f"{name}.yaml").read_text()
         assert "!!python" not in text
         assert yaml.safe_load(text) == load_config(name)

@@ -42,7 +42,9 @@ def test_packaged_protocols_load_and_differ():
     assert cfgs["paper"]["model"]["depth"] == 12 and cfgs["paper"]["model"]["d_model"] == 72
     assert cfgs["paper"]["train"]["epochs"] == 150 and cfgs["paper"]["train"]["lr"] == 2e-4
     assert cfgs["paper"]["regularizers"] == {"diag_p": 0.2, "diag_penalty": -0.1}
-    assert len({config_hash(c) for c in cfgs.values()}) == 3
+    assert cfgs["slice"]["train"]["time_limit_s"] is None  # a fixed epoch budget, same for all
+    assert cfgs["slice"]["train"]["patience"] < cfgs["slice"]["train"]["epochs"]
+    assert len({config_hash(c) for c in cfgs.values()}) == len(PROTOCOLS) == 4
 
 
 def test_misspelt_key_names_key_and_allowed_ones(tmp_path):
@@ -55,7 +57,7 @@ def test_misspelt_key_names_key_and_allowed_ones(tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     with pytest.raises(ConfigError, match=r"train\.epoch.*allowed keys.*epochs"):
         load_config(path)
-    with pytest.raises(ConfigError, match="paper, book, quick"):
+    with pytest.raises(ConfigError, match="paper, book, quick, slice"):
         load_config("papr")
     with pytest.raises(ConfigError, match="allowed here"):
         override(load_config("quick"), {"train.lr_max": 1.0})
