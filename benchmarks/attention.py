@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 import diagsink as ds
-from diagsink.train import (
+from diagsink.engine.provenance import (
     git_commit,  # the commit the artifacts record (DIAGSINK_GIT_COMMIT without .git)
 )
 

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from diagsink import data as D
-from diagsink import protocol as P
+from diagsink.data import windows as P
 
 
 def synthetic_folder(dest: Path, source: Path) -> Path:

@@ -9,7 +9,7 @@ training steps (forward, masked-MAE loss, backward, clipping, AdamW) of
 
 * **ours**: :class:`diagsink.model.TSModel` fed by the engine's vectorised
   ``protocol.gather`` from the series kept on the device (the code path of
-  :func:`diagsink.train.train_run`), including the graph convolution that mixes sensors;
+  :func:`diagsink.engine.train.train_run`), including the graph convolution that mixes sensors;
 * **ours without graph convolutions**: the same, with every graph convolution removed: the
   ceiling that no speed-up of the graph convolution could pass;
 * **baseline**: what one would write first: a per-sample ``torch.utils.data.Dataset``
@@ -42,9 +42,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from diagsink.config import load_config
+from diagsink.engine.config import load_config
+from diagsink.engine.prepare import prepare
+from diagsink.engine.train import build_model
 from diagsink.metrics import masked_mae
-from diagsink.train import _batch, build_model, prepare
 
 FULL_TRAIN_WINDOWS = 23974  # DCRNN split of the full 34,272-step METR-LA
 
@@ -227,7 +228,7 @@ def ours_step(cfg, prepared, batch: int, low_memory: bool = False, graph: bool =
         starts = prepared.train[
             torch.randint(len(prepared.train), (batch,), generator=g).to(prepared.train.device)
         ]
-        x, y = _batch(prepared, starts, 12, 12)
+        x, y = batch(prepared, starts, 12, 12)
         _update(run, opt, x, y)
 
     return step
@@ -304,9 +305,9 @@ def bench_ours(cfg, prepared, batch: int, n_steps: int) -> float:
 
 PEAK_SNIPPET = """
 import sys, torch
-from diagsink.config import load_config
+from diagsink.engine.config import load_config
 from diagsink.data import load_metr_la
-from diagsink.train import prepare
+from diagsink.engine.prepare import prepare
 sys.path.insert(0, HERE)
 import training as bt
 cfg = load_config("paper")
@@ -351,7 +352,7 @@ def inference_rate(
     ours = build_model(cfg, "dropout", prepared).eval()
     ref = _straightforward_model(cfg, prepared, device, graph=True).eval()
     starts = prepared.train[torch.randint(len(prepared.train), (batch,))]
-    x, _ = _batch(prepared, starts, 12, 12)
+    x, _ = batch(prepared, starts, 12, 12)
     times: list[list[float]] = [[], []]
     with (
         torch.no_grad(),

@@ -1,12 +1,26 @@
 """diagsink: temporal attention, its diagonal sink, and three ways to regulate it.
 
 The package behind the book *Stochastic Parroting in Temporal Attention*, an executable
-companion to Hankemeier & Schilling (ESANN 2026, arXiv 2602.10956). One concept per module:
+companion to Hankemeier & Schilling (ESANN 2026, arXiv 2602.10956). The modules a chapter
+teaches carry its name and sit at the top; the machinery sits one level down.
 
-* :mod:`diagsink.settings`    quick/full mode, data folder, device (``DIAGSINK_QUICK``, ``DIAGSINK_DATA``)
-* :mod:`diagsink.attention`   :class:`~diagsink.attention.TemporalAttention` and the diagonal regularizers
-* :mod:`diagsink.positional`  sinusoidal, tAPE and learned positional encodings
+Chapter modules (``ds.<name>``):
+
+* :mod:`diagsink.attention`   :class:`TemporalAttention` and the diagonal regularizers (attention chapter)
+* :mod:`diagsink.positional`  sinusoidal, tAPE and learned positional encodings (attention chapter)
+* :mod:`diagsink.jacobian`    the layer's Jacobian, its four paths and their bounds (Jacobian, bounds)
+* :mod:`diagsink.depth`       Jacobians of stacks of layers and LayerNorm (Jacobian chapter)
+* :mod:`diagsink.parroting`   the parroting task and its measurements (parroting chapter)
+* :mod:`diagsink.graphconv`, :mod:`diagsink.sparse`, :mod:`diagsink.model`  the T&S model (model chapter)
+* :mod:`diagsink.metrics`, :mod:`diagsink.stats`, :mod:`diagsink.plotting`  metrics, attention-map
+  statistics, the book's figures (results, heatmaps)
+* :mod:`diagsink.scaling`     costs and memory as the graph and T grow (scaling chapter)
 * :mod:`diagsink.variants`    the paper's five variants: names, letters, labels, layer arguments
+* :mod:`diagsink.runtime`     quick/full mode, data folder, device (:func:`settings`, :func:`pick`)
+
+Machinery (subpackages): :mod:`diagsink.data` (METR-LA, windows, graph, baselines, toy data),
+:mod:`diagsink.engine` (training, runs, artifacts, configs, sweeps, statistics over seeds),
+:mod:`diagsink.course` (student and instructor editions), :mod:`diagsink.cli` (the command line).
 
 Tensor shapes follow ``[batch, time, nodes, channels]`` for traffic data and
 ``[..., T, C]`` (time second-to-last) inside the attention layer.
@@ -14,45 +28,55 @@ Tensor shapes follow ``[batch, time, nodes, channels]`` for traffic data and
 
 from __future__ import annotations
 
-from . import (  # METR-LA: book/metr_la.ipynb  # depth: stacks of layers and LayerNorm; the Jacobian and its bounds: book/jacobian.ipynb, book/bounds.ipynb  # book/parroting.ipynb (plotting: the whole book)
-    adjacency,
-    baselines,
+__version__ = "0.1.0"
+
+from . import (  # noqa: E402  (the submodules read __version__)
+    attention,
     data,
     depth,
+    engine,
     exercises,
+    graphconv,
     jacobian,
     metrics,
+    model,
     parroting,
     plotting,
-    protocol,
+    positional,
+    scaling,
+    sparse,
     stats,
-    variants,  # the one list of the paper's five variants (every chapter)
+    variants,
 )
-from .attention import DIAG_OPTIONS, TemporalAttention, diagonal_bias
-from .errors import ConfigError, DataError, DiagsinkError
-from .positional import PositionalEncoding, sinusoidal_table, tape_table
-from .settings import Settings, pick, settings
-
-__version__ = "0.1.0"
+from .attention import DIAG_OPTIONS, TemporalAttention, diagonal_bias  # noqa: E402
+from .errors import ConfigError, DataError, DiagsinkError  # noqa: E402
+from .model import TSModel  # noqa: E402
+from .positional import PositionalEncoding, sinusoidal_table, tape_table  # noqa: E402
+from .runtime import Settings, pick, settings  # noqa: E402
 
 __all__ = [
     "__version__",
-    "exercises",
-    "adjacency",
-    "baselines",
+    "attention",
     "data",
+    "depth",
+    "engine",
+    "exercises",
+    "graphconv",
+    "jacobian",
     "metrics",
-    "protocol",
+    "model",
     "parroting",
     "plotting",
+    "positional",
+    "scaling",
+    "sparse",
     "stats",
     "variants",
-    "jacobian",
-    "depth",
     "settings",
     "Settings",
     "pick",
     "TemporalAttention",
+    "TSModel",
     "diagonal_bias",
     "DIAG_OPTIONS",
     "PositionalEncoding",

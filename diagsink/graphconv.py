@@ -12,7 +12,7 @@ Li et al. (DCRNN) and Wu et al. (Graph WaveNet)::
 where ``(P x)[b, t, n, :] = Σ_m P[n, m] x[b, t, m, :]``: every sensor receives a weighted
 average of the sensors it is connected to, so after one layer a sensor "sees" everything
 within ``K`` hops. The supports are the forward and backward random walks of the road
-graph, ``D_out^-1 A`` and ``D_in^-1 A^T`` (see :func:`diagsink.adjacency.diffusion_supports`),
+graph, ``D_out^-1 A`` and ``D_in^-1 A^T`` (see :func:`diagsink.data.adjacency.diffusion_supports`),
 and optionally an *adaptive* adjacency learned from two node-embedding tables,
 ``softmax(relu(E_1 E_2^T))`` (row-wise softmax; Graph WaveNet).
 
@@ -136,7 +136,7 @@ class DiffusionGraphConv(nn.Module):
         if not supports and not adaptive:
             raise ValueError(
                 "DiffusionGraphConv got no supports and adaptive=False, so it could not mix sensors; "
-                "pass supports (e.g. diagsink.adjacency.diffusion_supports(adj)) or adaptive=True."
+                "pass supports (e.g. diagsink.data.adjacency.diffusion_supports(adj)) or adaptive=True."
             )
         sizes = {tuple(s.shape) for s in supports}
         if n_nodes is None:

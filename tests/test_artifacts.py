@@ -8,7 +8,8 @@ import re
 import pytest
 
 from diagsink._io import sha256_file
-from diagsink.artifacts import (
+from diagsink.data.toy import toy_data
+from diagsink.engine.artifacts import (
     ArtifactError,
     checksum,
     load_artifact,
@@ -16,8 +17,8 @@ from diagsink.artifacts import (
     validate_artifact,
     write_artifact,
 )
-from diagsink.config import load_config, override
-from diagsink.train import toy_data, train_run
+from diagsink.engine.config import load_config, override
+from diagsink.engine.train import train_run
 
 from conftest import ROOT
 
@@ -112,7 +113,7 @@ def test_committed_results_load_per_protocol():
 
 
 def test_paired_comparison_and_t_quantile():
-    from diagsink.artifacts import paired_comparison, t_quantile
+    from diagsink.engine.significance import paired_comparison, t_quantile
 
     assert t_quantile(0.975, 2) == pytest.approx(4.303, abs=2e-3)
     assert t_quantile(0.975, 30) == pytest.approx(2.042, abs=2e-3)

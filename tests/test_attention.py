@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -499,7 +500,6 @@ def test_bad_input_tensor_raises(shape, words):
 
 
 def test_numpy_numbers_are_accepted():
-    np = pytest.importorskip("numpy")
     layer = ds.TemporalAttention(np.int64(8), np.int64(2), diag="dropout", diag_p=np.float32(0.25))
     assert (layer.d_model, layer.n_heads, layer.d_head) == (8, 2, 4) and type(layer.d_model) is int
     assert layer(torch.randn(3, 5, 8)).shape == (3, 5, 8)

@@ -20,7 +20,8 @@ from diagsink import course
 from diagsink.cli import main
 from diagsink.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 CHAPTERS = course.toc_notebooks(ROOT)
 LABEL = "ex-course-softmax"  # the worked example of book/instructors.md, checked in diagsink/exercises/course.py
 
@@ -371,7 +372,7 @@ def _run_both_editions(student_path: Path, instructor_path: Path, cwd: Path) -> 
                 continue
             problems.append(f"{student_path.name} ({part} cell {i}): {err.ename}: {err.evalue}")
         if part == "student" and course.CHECK_TAG in tags:
-            labels = course._check_labels("".join(cell.source))
+            labels = course.notebooks._check_labels("".join(cell.source))
             if not any(e.ename == "NotImplementedError" and e.evalue in labels for e in errors):
                 problems.append(
                     f"{student_path.name}: the student's check of {labels} did not hit the stub's NotImplementedError"

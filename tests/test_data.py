@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import diagsink as ds
-from diagsink import adjacency as A
 from diagsink import data as D
+from diagsink.data import adjacency as A
 from diagsink.errors import DataError
 
 SHARED = ds.settings().data_root
@@ -307,7 +307,12 @@ def test_normalisations_numpy_and_torch_agree():
 
 
 def test_package_exports():
-    assert ds.data.load_metr_la is D.load_metr_la and ds.adjacency is A and ds.metrics.masked_mae
+    assert ds.data.load_metr_la is D.load_metr_la is D.metr_la.load_metr_la
+    assert ds.data.adjacency is A and ds.data.split_windows is D.windows.split_windows
+    assert ds.data.toy_data is D.toy.toy_data and ds.metrics.masked_mae
+    # every public name of the data modules is reachable from diagsink.data itself
+    for module in (D.metr_la, D.files, D.windows, D.adjacency, D.baselines, D.toy):
+        assert all(getattr(D, name) is getattr(module, name) for name in module.__all__)
 
 
 def test_table_format_falls_back_to_pandas_with_the_same_result(tmp_path):
@@ -317,7 +322,7 @@ def test_table_format_falls_back_to_pandas_with_the_same_result(tmp_path):
     (root / "metr-la.h5").unlink()
     frame.to_hdf(root / "metr-la.h5", key="df", format="table")
     # not the fixed layout: pandas reads it
-    assert D._read_fixed_arrays(root / "metr-la.h5") is None
+    assert D.files._read_fixed_arrays(root / "metr-la.h5") is None
     table = D.load_metr_la(root)
     np.testing.assert_array_equal(table.speed, fixed.speed)
     assert (table.timestamps == fixed.timestamps).all() and table.speed.flags.writeable

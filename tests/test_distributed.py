@@ -22,11 +22,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diagsink.config import load_config, override
-from diagsink.distributed import SingleProcess, env_info, launch_command, rank_loss, shard_batch
+from diagsink.cli.launch import launch_command
+from diagsink.data.toy import toy_data
+from diagsink.engine.config import load_config, override
+from diagsink.engine.distributed import SingleProcess, env_info, rank_loss, shard_batch
+from diagsink.engine.runs import run_paths
+from diagsink.engine.train import train_run
 from diagsink.errors import ConfigError
 from diagsink.metrics import masked_mae
-from diagsink.train import run_paths, toy_data, train_run
 
 DATA = Path(os.environ.get("DIAGSINK_DATA", "/work/shared/data/metr-la"))
 
@@ -49,20 +52,32 @@ WORKER = textwrap.dedent(
     """
     import json, os, sys, torch
     torch.set_num_threads(1)
-    import diagsink.artifacts as A, diagsink.train as T
-    from diagsink import distributed as D
-    from diagsink.config import load_config, override
+    import diagsink.engine.runs as R, diagsink.engine.train as T
+    from diagsink.data import toy_data
+    from diagsink.engine import distributed as D
+    from diagsink.engine.config import load_config, override
     writes = []
-    save, write_artifact = T._save_checkpoint, A.write_artifact
-    T._save_checkpoint = lambda *a, **k: (writes.append("checkpoint"), save(*a, **k))[1]
-    A.write_artifact = lambda *a, **k: (writes.append("artifact"), write_artifact(*a, **k))[1]
+    save, write_artifact = R.save_checkpoint, T.write_artifact
+    R.save_checkpoint = lambda *a, **k: (writes.append("checkpoint"), save(*a, **k))[1]
+    T.write_artifact = lambda *a, **k: (writes.append("artifact"), write_artifact(*a, **k))[1]
     cfg = override(load_config("quick"), TINY)
     out = sys.argv[1]
+
+    class Interrupt(Exception):
+        pass
+
+    def interrupt(entry):  # like a kill after the first epoch's checkpoint
+        raise Interrupt
+
     with D.session("cpu"):
         rank = torch.distributed.get_rank()
-        first = T.train_run(cfg, "penalty", 0, data=T.toy_data(), device="cpu", out_dir=out, progress=False,
-                            stop_after_epochs=1)
-        art = T.train_run(cfg, "penalty", 0, data=T.toy_data(), device="cpu", out_dir=out, progress=False)
+        try:
+            T.train_run(cfg, "penalty", 0, data=toy_data(), device="cpu", out_dir=out, progress=False,
+                        on_epoch=interrupt)
+            first = "finished"
+        except Interrupt:
+            first = "interrupted"
+        art = T.train_run(cfg, "penalty", 0, data=toy_data(), device="cpu", out_dir=out, progress=False)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"first": first, "metrics": art["metrics"], "best_epoch": art["best_epoch"],
                    "resumed_from": art["resumed_from_epoch"], "history": art["history"], "writes": writes,
@@ -103,7 +118,7 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_pat
     )
     for got in ranks:
         # interrupted after 1 epoch, then resumed
-        assert got["first"] == {} and got["resumed_from"] == 1
+        assert got["first"] == "interrupted" and got["resumed_from"] == 1
         assert got["best_epoch"] == ref["best_epoch"]
         assert got["processes"].startswith("DistributedDataParallel, 2 processes (gloo)")
         for key, value in ref["metrics"].items():
@@ -241,7 +256,7 @@ def test_launch_command_rebuilds_the_options_without_distributed():
         None,
     )
     # a bare --distributed means one process per GPU, or 2 on the CPU
-    from diagsink.distributed import _default_nproc
+    from diagsink.cli.launch import _default_nproc
 
     assert parser.parse_args(["train", "--variant", "none", "--distributed"]).distributed == "auto"
     assert _default_nproc("cpu") == 2
@@ -263,7 +278,7 @@ def test_outside_torchrun_the_error_names_torchrun(monkeypatch):
 def test_sparse_graph_conv_equals_dense_on_metr_la(adaptive):
     import numpy as np
 
-    from diagsink.adjacency import diffusion_supports
+    from diagsink.data.adjacency import diffusion_supports
     from diagsink.model import TSModel
     from diagsink.sparse import SparseDiffusionGraphConv, density, sparsify, use_sparse
 
@@ -291,8 +306,9 @@ def test_sparse_graph_conv_equals_dense_on_metr_la(adaptive):
 
 
 def test_large_graphs_take_the_sparse_path_in_build_model():
+    from diagsink.engine.prepare import prepare
+    from diagsink.engine.train import build_model
     from diagsink.sparse import SparseDiffusionGraphConv
-    from diagsink.train import build_model, prepare
 
     cfg = override(load_config("quick"), {**TINY, "model.adaptive_adjacency": False})
     small = prepare(toy_data(n_steps=120, n_nodes=6), cfg)

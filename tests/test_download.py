@@ -22,8 +22,8 @@ import pytest
 
 import diagsink as ds
 from diagsink import data as D
-from diagsink import download as DL
 from diagsink._io import sha256_file
+from diagsink.data import download as DL
 from diagsink.errors import DataError
 
 import _fileserver  # tests/_fileserver.py: the local HTTP server over in-memory files

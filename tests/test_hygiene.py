@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from diagsink.course import toc_entries
+
+from conftest import ROOT
+
 NOTEBOOKS = sorted((ROOT / "book").rglob("*.ipynb"))
 NOTEBOOKS = [
     p for p in NOTEBOOKS if ".ipynb_checkpoints" not in p.parts and "_build" not in p.parts
@@ -16,19 +19,7 @@ NOTEBOOKS = [
 
 
 def _toc_files() -> list[str]:
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-
-    def walk(entries):
-        for entry in entries or []:
-            if "file" in entry:
-                files.append(entry["file"])
-            walk(entry.get("sections"))
-
-    for part in toc.get("parts", []):
-        walk(part.get("chapters"))
-    walk(toc.get("chapters"))
-    return files
+    return toc_entries(ROOT)
 
 
 def _resolve(entry: str) -> list[Path]:

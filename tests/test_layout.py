@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 
@@ -46,3 +47,30 @@ def test_the_package_has_no_problem_outside_the_baseline():
         text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_no_test_turns_a_missing_package_module_into_a_skip():
+    """``importorskip`` of the package's own modules, or ``except Exception: skip``, would hide a
+    regression as a skip; the tests import the package plainly."""
+    hazards = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        text = path.read_text()
+        if path.name == "test_layout.py":
+            text = text.split("def test_no_test_turns", 1)[0]
+        hazards += [
+            f"{path.name}: importorskip"
+            for _ in re.findall(r"importorskip\(\s*['\"]diagsink", text)
+        ]
+        for m in re.finditer(r"except Exception[^\n]*:\n(\s+)([^\n]*)", text):
+            if "skip" in m.group(2):
+                hazards.append(f"{path.name}: except Exception -> {m.group(2).strip()}")
+    assert not hazards, hazards
+
+
+def test_tests_take_the_repository_root_from_conftest():
+    redefined = [
+        p.name
+        for p in sorted((ROOT / "tests").glob("*.py"))
+        if p.name != "conftest.py" and re.search(r"(?m)^ROOT\s*=", p.read_text())
+    ]
+    assert not redefined, f"define ROOT only in tests/conftest.py: {redefined}"

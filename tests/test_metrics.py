@@ -120,7 +120,7 @@ def _calendar(days: int):
 
 
 def test_historical_average_table_by_hand():
-    from diagsink import baselines as B
+    from diagsink.data import baselines as B
 
     ts = _calendar(8)
     rng = np.random.default_rng(0)
@@ -146,7 +146,7 @@ def test_historical_average_table_by_hand():
 
 
 def test_historical_average_forecast_looks_up_target_times():
-    from diagsink import baselines as B
+    from diagsink.data import baselines as B
 
     ts = _calendar(3)
     table = np.arange(2 * 288 * 2, dtype=float).reshape(2, 288, 2)
@@ -157,7 +157,7 @@ def test_historical_average_forecast_looks_up_target_times():
 
 
 def test_last_value_copies_the_present_and_fills_gaps():
-    from diagsink import baselines as B
+    from diagsink.data import baselines as B
 
     speed = np.array([[10.0, 1.0], [20.0, 2.0], [0.0, 3.0], [40.0, 0.0], [50.0, 5.0]])
     pred = B.last_value(speed, torch.tensor([0, 1]), t_in=2, t_out=3)
@@ -170,8 +170,8 @@ def test_last_value_copies_the_present_and_fills_gaps():
 
 
 def test_baseline_table_on_a_periodic_series():
-    from diagsink import baselines as B
-    from diagsink import protocol as P
+    from diagsink.data import baselines as B
+    from diagsink.data import windows as P
 
     ts = _calendar(14)
     day = 60 - 10 * np.sin(np.arange(288) / 288 * 2 * np.pi)

@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import tomllib
@@ -14,7 +13,8 @@ import yaml
 
 import diagsink as ds
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 # conda-forge names that differ from the PyPI names

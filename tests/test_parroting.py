@@ -66,7 +66,6 @@ def test_short_sequences_find_the_lag_long_ones_parrot():
 
 
 def test_path_sensitivity_sums_to_autograd():
-    pytest.importorskip("diagsink.jacobian")
     res = pr.train(10, steps=20)
     x = pr.make_batch(1, 10, pr.ParrotTask(), torch.Generator().manual_seed(3)).inputs[0]
     paths = pr.path_sensitivity(res.model, x)
@@ -111,7 +110,6 @@ def test_self_match_design_builds_the_layer_it_promises():
 
 
 def test_path_sensitivity_sums_to_autograd_with_fourier_features():
-    pytest.importorskip("diagsink.jacobian")
     res = pr.train(10, "mask", steps=20, **pr.SELF_MATCH)
     x = pr.make_batch(1, 10, pr.ParrotTask(), torch.Generator().manual_seed(5)).inputs[0]
     paths = pr.path_sensitivity(res.model, x)
@@ -201,7 +199,6 @@ def test_train_and_evaluate_accept_the_seasonal_task():
 
 
 def test_path_block_norms_total_matches_autograd():
-    pytest.importorskip("diagsink.jacobian")
     task = pr.SeasonalTask(dim=5, season=2)
     res = pr.train(8, "penalty", task=task, steps=5, batch=4, d_model=8)
     x = pr.make_seasonal_batch(1, 8, task, torch.Generator().manual_seed(1)).inputs[0]

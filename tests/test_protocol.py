@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import diagsink as ds
-from diagsink import protocol as P
+from diagsink.data import windows as P
 from diagsink.errors import ConfigError, DataError
 
 FULL = 34272
@@ -99,4 +99,4 @@ def test_calendar_features():
 
 
 def test_package_exports_the_protocol():
-    assert ds.protocol.split_windows is P.split_windows
+    assert ds.data.windows.split_windows is P.split_windows

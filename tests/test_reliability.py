@@ -43,9 +43,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import diagsink as ds
-from diagsink import protocol as P
 from diagsink.cli import main
-from diagsink.config import load_config, override
+from diagsink.data import windows as P
+from diagsink.engine.config import load_config, override
 from diagsink.errors import ConfigError, DataError, DiagsinkError
 from diagsink.variants import VARIANTS
 
@@ -150,15 +150,16 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
 # ---------------------------------------------------------------- the API table
 def _api_cases():
     """(id, call(inputs), exception type, words that must all appear in the message)."""
+    from diagsink.data.toy import toy_data
+    from diagsink.engine.train import train_run
     from diagsink.graphconv import DiffusionGraphConv
     from diagsink.model import TSModel
-    from diagsink.train import toy_data, train_run
 
     def diverging(_):
         data = toy_data(200, 4)
         # a model fed NaN cannot learn: the run must stop with a clear message
         data.speed[:] = np.nan
-        from diagsink.train import prepare
+        from diagsink.engine.prepare import prepare
 
         cfg = override(load_config("quick"), TINY)
         prepared = prepare(data, cfg)
@@ -212,19 +213,19 @@ def _api_cases():
         ),
         (
             "adjacency: not square",
-            lambda i: ds.adjacency.diffusion_supports(np.ones((3, 4))),
+            lambda i: ds.data.adjacency.diffusion_supports(np.ones((3, 4))),
             DataError,
             ["square [N, N]", "(3, 4)", "Fix"],
         ),
         (
             "adjacency: negative weight",
-            lambda i: ds.adjacency.random_walk(torch.tensor([[1.0, -0.5], [0.0, 1.0]])),
+            lambda i: ds.data.adjacency.random_walk(torch.tensor([[1.0, -0.5], [0.0, 1.0]])),
             DataError,
             ["non-negative", "Fix"],
         ),
         (
             "adjacency: NaN weight",
-            lambda i: ds.adjacency.symmetric_normalize(np.array([[1.0, np.nan], [0.0, 1.0]])),
+            lambda i: ds.data.adjacency.symmetric_normalize(np.array([[1.0, np.nan], [0.0, 1.0]])),
             DataError,
             ["NaN", "Fix"],
         ),
@@ -236,7 +237,7 @@ def _api_cases():
         ),
         (
             "historical average: timestamps missing",
-            lambda i: ds.baselines.historical_average_table(
+            lambda i: ds.data.baselines.historical_average_table(
                 np.ones((300, 2)), pd.date_range("2012-03-01", periods=200, freq="5min"), 100
             ),
             DataError,
@@ -244,7 +245,7 @@ def _api_cases():
         ),
         (
             "last value: window outside",
-            lambda i: ds.baselines.last_value(np.ones((30, 2)), torch.tensor([25])),
+            lambda i: ds.data.baselines.last_value(np.ones((30, 2)), torch.tensor([25])),
             DataError,
             ["outside the series of 30 steps", "Fix"],
         ),
@@ -594,7 +595,7 @@ def test_cli_errors_in_a_real_process_have_no_traceback(inputs):
 # ---------------------------------------------------------------- interruptions: download
 DOWNLOADER = textwrap.dedent("""
     import sys
-    from diagsink import download as DL
+    from diagsink.data import download as DL
     server, mode, root, size, sha = sys.argv[1:6]
     DL.GRAPH_URL = server + "/ok/{name}"
     DL.OPTIONAL_GRAPH_BLOBS = {}
@@ -612,7 +613,7 @@ def test_kill_minus_9_during_download_then_rerun(tmp_path):
     import hashlib
 
     from diagsink import data as D
-    from diagsink import download as DL
+    from diagsink.data import download as DL
 
     # the served files: synthetic graph files for 207 made-up sensors and a synthetic full-shape speed matrix
     ids = [str(700000 + i) for i in range(D.N_SENSORS)]
@@ -683,13 +684,14 @@ def test_kill_minus_9_during_download_then_rerun(tmp_path):
 WRITER = textwrap.dedent("""
     import copy, sys
     from diagsink._io import atomic_write_bytes
-    from diagsink.artifacts import write_artifact
-    from diagsink.config import load_config, override
-    from diagsink.train import run_paths, toy_data, train_run
+    from diagsink.engine.artifacts import write_artifact
+    from diagsink.engine.config import load_config, override
+    from diagsink.engine.runs import run_paths
+    from diagsink.data.toy import toy_data
+    from diagsink.engine.train import train_run
     out = sys.argv[1]
     cfg = override(load_config("quick"), {tiny!r})
     art = train_run(cfg, "penalty", 0, data=toy_data(120, 3), device="cpu", write=False, progress=False)
-    art.pop("_model")
     print("ready", flush=True)
     for seed in range(10_000):
         a = copy.deepcopy(art)
@@ -702,7 +704,7 @@ WRITER = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_kill_minus_9_during_artifact_writes_leaves_only_whole_files(tmp_path):
-    from diagsink.artifacts import load_artifact, load_results
+    from diagsink.engine.artifacts import load_artifact, load_results
 
     script = tmp_path / "writer.py"
     script.write_text(
@@ -842,8 +844,8 @@ def test_ctrl_c_during_training_says_how_to_continue_and_the_rerun_resumes(input
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_damaged_artifact_is_redone_and_damaged_checkpoint_is_ignored(inputs, tmp_path, capsys):
     """An artifact edited by hand fails its checksum and is trained again; an unreadable checkpoint starts over."""
-    from diagsink.artifacts import load_artifact
-    from diagsink.train import run_paths
+    from diagsink.engine.artifacts import load_artifact
+    from diagsink.engine.runs import run_paths
 
     out = tmp_path / "results"
     argv = [

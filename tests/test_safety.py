@@ -27,11 +27,14 @@ import torch
 import yaml
 
 from diagsink import data as D
-from diagsink.config import PROTOCOLS, load_config, validate_config
+from diagsink.data.toy import toy_data
+from diagsink.engine.config import PROTOCOLS, load_config, validate_config
+from diagsink.engine.runs import run_paths
+from diagsink.engine.train import train_run
 from diagsink.errors import ConfigError, DataError
-from diagsink.train import run_paths, toy_data, train_run
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 SOURCES = sorted(p for d in ("diagsink", "tools", "benchmarks") for p in (ROOT / d).rglob("*.py"))
 SCRIPTS = sorted(p for p in (ROOT / "tools").iterdir() if p.is_file() and p.suffix != ".py")
 CHAPTERS = sorted((ROOT / "book").glob("*.ipynb"))

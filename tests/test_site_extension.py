@@ -17,7 +17,8 @@ import nbformat
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 BOOK_CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["config"]
 LABEL = "ex-course-softmax"
 SECRET = "shifted_by_the_row_maximum"  # appears only in the solution cell
@@ -58,7 +59,7 @@ def _build(tmp_path: Path, *, hide: bool) -> dict[str, str]:
     src.mkdir()
     (src / "index.md").write_text("# Home\n\n```{toctree}\ndemo\napi\n```\n")
     (src / "api.md").write_text(
-        "# API\n\n```{eval-rst}\n.. automodule:: diagsink.settings\n   :members: Settings\n\n"
+        "# API\n\n```{eval-rst}\n.. automodule:: diagsink.runtime\n   :members: Settings\n\n"
         ".. py:function:: demo_ref()\n\n   Uses :class:`Settings` and :class:`diagsink.Settings`.\n```\n"
     )
     nbformat.write(_notebook(), str(src / "demo.ipynb"))
@@ -127,7 +128,7 @@ def test_solution_is_a_dropdown_by_default(shown):
 @pytest.mark.slow
 def test_short_and_reexported_names_resolve(shown):
     assert "reference target not found" not in shown["_warnings"], shown["_warnings"]
-    assert shown["api"].count('href="#diagsink.settings.Settings"') >= 2
+    assert shown["api"].count('href="#diagsink.runtime.Settings"') >= 2
 
 
 @pytest.mark.slow

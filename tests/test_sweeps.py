@@ -1,23 +1,22 @@
-"""Sweep commands (diagsink.sweeps), heatmap statistics on the committed artifacts, and the
+"""Sweep commands (diagsink.engine.sweeps), heatmap statistics on the committed artifacts, and the
 exercise checks of the chapter "Heatmaps on METR-LA" (book/heatmaps.ipynb)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 
 import diagsink as ds
-from diagsink.artifacts import load_artifact, load_results
 from diagsink.cli import main
-from diagsink.config import load_config, override
+from diagsink.data.toy import toy_data
+from diagsink.engine.artifacts import load_artifact, load_results
+from diagsink.engine.config import load_config, override
+from diagsink.engine.sweeps import load_sweep, point_path, run_sweep, sweep_points, sweep_rows
 from diagsink.errors import ConfigError
 from diagsink.stats import attention_entropy, column_stripe_index, diagonal_mass
-from diagsink.sweeps import load_sweep, point_path, run_sweep, sweep_points, sweep_rows
-from diagsink.train import toy_data
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 TINY = {
     "model.d_model": 8,
     "model.n_heads": 2,
@@ -126,7 +125,7 @@ def test_bad_seeds_and_cli_errors(tmp_path, capsys):
 
 
 def test_order_sweep_trains_both_block_orders(tmp_path):
-    from diagsink.config import config_hash
+    from diagsink.engine.config import config_hash
 
     data = toy_data(80, 3)
     logs: list[str] = []
@@ -196,8 +195,8 @@ def test_committed_artifacts_are_current_after_adding_block_order():
     """Adding the optional key model.block_order left every committed artifact current: its
     recorded hash is the one `reproduce` / `sweep` compute now for the same run, so nothing is
     redone and nothing is reported stale."""
-    from diagsink.config import config_hash
-    from diagsink.sweeps import SWEEPS
+    from diagsink.engine.config import config_hash
+    from diagsink.engine.sweeps import SWEEPS
 
     quick = load_config("quick")
     arts = load_results(ROOT / "book" / "results" / "quick")

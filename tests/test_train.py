@@ -15,9 +15,13 @@ import pytest
 import torch
 
 from diagsink.cli import main
-from diagsink.config import PROTOCOLS, config_hash, load_config, override
+from diagsink.data.toy import toy_data
+from diagsink.engine.config import PROTOCOLS, config_hash, load_config, override
+from diagsink.engine.prepare import prepare
+from diagsink.engine.runs import reproduce, run_paths
+from diagsink.engine.train import lr_at, predict, train_model, train_run
 from diagsink.errors import ConfigError
-from diagsink.train import lr_at, predict, prepare, reproduce, run_paths, toy_data, train_run
+from diagsink.metrics import masked_mae
 
 TINY = {
     "model.d_model": 8,
@@ -74,13 +78,12 @@ def test_lr_schedule_warms_up_then_decays_to_min():
 def test_best_validation_weights_are_restored_before_testing(tmp_path):
     data = toy_data()
     cfg = tiny(**{"train.epochs": 5, "train.lr": 3e-2})
-    art = train_run(cfg, "none", 0, data=data, device="cpu", write=False, progress=False)
+    model, art = train_model(cfg, "none", 0, data=data, device="cpu", write=False, progress=False)
     vals = [h["val_mae"] for h in art["history"]]
     assert art["best_epoch"] == min(range(len(vals)), key=vals.__getitem__)
+    assert art["best_epoch"] < len(vals) - 1  # else restoring would change nothing
     prepared = prepare(data, cfg)
-    from diagsink.metrics import masked_mae
-
-    again = float(masked_mae(*predict(art["_model"], prepared, prepared.val, cfg)))
+    again = float(masked_mae(*predict(model, prepared, prepared.val, cfg)))
     assert again == pytest.approx(vals[art["best_epoch"]], rel=1e-5)
 
 
@@ -98,9 +101,10 @@ SCRIPT = textwrap.dedent(
     """
     import sys, time, torch
     torch.set_num_threads(1)
-    from diagsink.config import load_config, override
-    from diagsink.train import toy_data, train_run
-    import diagsink.train as T
+    from diagsink.engine.config import load_config, override
+    from diagsink.data.toy import toy_data
+    from diagsink.engine.train import train_run
+    import diagsink.engine.train as T
     cfg = override(load_config("quick"), {tiny!r})
     slow = float(sys.argv[2])
     if slow:  # make each epoch take a while so the parent can kill us mid-run
@@ -267,7 +271,7 @@ def test_time_limit_stops_before_an_epoch_that_would_overrun():
 
 def test_git_commit_outside_a_checkout_uses_the_recorded_commit(monkeypatch):
     """A copy of the tree without .git (a remote GPU machine) records the commit its copier passed, marked as such."""
-    import diagsink.train as tr
+    import diagsink.engine.provenance as tr
 
     def no_git(*args, **kwargs):
         raise FileNotFoundError("git")

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from diagsink import plotting  # noqa: E402
 from diagsink._io import atomic_write_bytes  # noqa: E402
-from diagsink.artifacts import load_results  # noqa: E402
+from diagsink.engine.artifacts import load_results  # noqa: E402
 from diagsink.variants import VARIANTS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@
 * ``ex-model-diffusion``: ``diffusion_terms(p, x, k)``, the concatenation
   ``[x, P x, P^2 x, ..., P^k x]`` on the channel axis, with ``(P x)[b, t, n] = Σ_m P[n, m] x[b, t, m]``.
 * ``ex-model-schedule``: ``lr_schedule(epoch, lr, min_lr, warmup, epochs)``, linear warm-up
-  then cosine decay (:func:`diagsink.train.lr_at`).
+  then cosine decay (:func:`diagsink.engine.train.lr_at`).
 
 Each check draws fresh random inputs and returns ``None`` or a hint (never the solution).
 """

@@ -2,7 +2,8 @@
 
 Every command reports bad input as one line starting with ``error:`` (no traceback) and
 exits with status 2; a successful command exits with 0. Subcommands are registered in
-:func:`build_parser`; each lives next to the module that does the work.
+:func:`build_parser`; each command group has its module here (``data``, ``train``,
+``sweep``, ``course``; ``launch`` gives training commands ``--distributed N``).
 """
 
 from __future__ import annotations
@@ -10,27 +11,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import NoReturn
 
-from . import __version__
-from .errors import DiagsinkError
-from .settings import settings
+import torch
+
+from .. import __version__
+from ..errors import DiagsinkError
+from ..runtime import settings
+from . import course, data, sweep, train
 
 __all__ = ["main", "build_parser"]
 
-# Modules that contribute subcommands: each defines ``add_commands(subparsers)``.
+# The modules of this package that contribute subcommands: each defines ``add_commands``.
 # Add a module here when it gains a command (keep this the only registry).
-COMMAND_MODULES: tuple[str, ...] = (
-    "diagsink.course",
-    "diagsink.data",
-    "diagsink.train_cli",
-    "diagsink.sweeps",
-)
+COMMAND_MODULES: tuple[ModuleType, ...] = (course, data, train, sweep)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    import torch
-
     s = settings()
     print(f"diagsink {__version__}")
     print(f"mode:      {s.mode} (DIAGSINK_QUICK)")
@@ -59,10 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="show the mode, data folder and device in use")
     info.set_defaults(func=_cmd_info)
 
-    import importlib
-
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_commands(sub)
+    for module in COMMAND_MODULES:
+        module.add_commands(sub)
 
     return parser
 

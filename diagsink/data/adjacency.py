@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .errors import DataError
+from ..errors import DataError
 
 __all__ = ["gaussian_kernel_adjacency", "random_walk", "symmetric_normalize", "diffusion_supports"]
 

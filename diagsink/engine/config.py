@@ -32,7 +32,9 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..model import check_block_order
+from ..positional import POSITIONAL_OPTIONS
 
 __all__ = [
     "PROTOCOLS",
@@ -125,9 +127,6 @@ def _check(
 
 def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """Check keys, types and ranges; return ``cfg`` unchanged. Raises :class:`ConfigError`."""
-    from .attention import DIAG_OPTIONS  # noqa: F401  (documents where the options come from)
-    from .model import check_block_order
-    from .positional import POSITIONAL_OPTIONS
 
     if (
         isinstance(cfg, dict)

@@ -35,10 +35,12 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 from tqdm import tqdm
 
-from ._io import atomic_write_text, sha256_file
-from .errors import DataError
+from .._io import atomic_write_text, sha256_file
+from ..errors import DataError
+from . import files as D
 
 __all__ = [
     "Mirror",
@@ -233,15 +235,11 @@ def _check_graph_file(path: Path, name: str) -> None:
 
 
 def _check_graph_structure(path: Path, name: str) -> None:
-    from . import data as D
-
     if name == "graph_sensor_ids.txt":
         ids = D.read_sensor_ids(path)
         if len(ids) != D.N_SENSORS:
             raise DataError(f"{name} lists {len(ids)} sensors, expected {D.N_SENSORS}")
     elif name == "graph_sensor_locations.csv":
-        import pandas as pd
-
         df = pd.read_csv(path)
         if not {"sensor_id", "latitude", "longitude"} <= set(df.columns):
             raise DataError(f"{name} lacks the columns sensor_id, latitude, longitude")
@@ -317,8 +315,6 @@ def _extract(zip_path: Path, member: str, dest: Path) -> None:
 
 def _check_speed(path: Path, root: Path) -> list[str]:
     """Structural check (authoritative), then size and sha256 (warnings only)."""
-    from . import data as D
-
     ids = D.read_sensor_ids(root / "graph_sensor_ids.txt")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -405,9 +401,7 @@ def download_metr_la(
 
     Files already present are kept unless ``force``. Returns the folder.
     """
-    from .data import resolve_root
-
-    folder = resolve_root(root)
+    folder = D.resolve_root(root)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

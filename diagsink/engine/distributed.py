@@ -40,7 +40,7 @@ against one process, and nothing else:
   (:meth:`DDPContext.agree`), so no rank waits for a step the others never take.
 * Validation and test run in full on every rank (identical weights, identical numbers).
 
-The training engine (:func:`diagsink.train.train_run`) asks :func:`context` for the
+The training engine (:func:`diagsink.engine.train.train_run`) asks :func:`context` for the
 current context at the start of a run; outside a process group it gets
 :class:`SingleProcess`, whose hooks do nothing. Explained in the chapter "Scaling up"
 (``book/scaling.ipynb``). NCCL paths are not exercised by the tests (CPU-only CI); they
@@ -49,20 +49,17 @@ differ from the gloo paths only in the backend name and the device.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import functools
-import io
 import os
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .errors import ConfigError, DataError
+from ..errors import ConfigError, DataError
+from ..metrics import masked_mae
 
 __all__ = [
     "in_torchrun",
@@ -76,8 +73,6 @@ __all__ = [
     "SingleProcess",
     "DDPContext",
     "rank_loss",
-    "add_distributed",
-    "launch_command",
 ]
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -192,7 +187,7 @@ def rank_loss(
 class SingleProcess:
     """The context of an ordinary run: every hook leaves the one-process engine unchanged.
 
-    The hooks, in the order :func:`diagsink.train.train_run` calls them: ``barrier`` (before
+    The hooks, in the order :func:`diagsink.engine.train.train_run` calls them: ``barrier`` (before
     looking for a checkpoint), ``wrap`` (the module to train), ``begin_epoch``, ``shard`` (this
     rank's part of a global batch of window starts), ``loss`` (masked MAE of the global batch),
     ``agree`` (the stopping decision of rank 0), ``describe`` (for the artifact's provenance).
@@ -220,7 +215,6 @@ class SingleProcess:
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The masked MAE of the batch (:func:`diagsink.metrics.masked_mae`)."""
-        from .metrics import masked_mae
 
         return masked_mae(pred, target)
 
@@ -248,7 +242,6 @@ class DDPContext(SingleProcess):
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DDP around ``model``; buffers (graph supports, scaler, tables) are not synchronised:
         every rank derives the same ones from the same data and config."""
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
         names = [name for name, _ in model.named_buffers()]
         DDP._set_params_and_buffers_to_ignore_for_model(model, names)
@@ -294,86 +287,3 @@ def context() -> SingleProcess:
     if dist.is_available() and dist.is_initialized():
         return DDPContext()
     return SingleProcess()
-
-
-# -- command line ---------------------------------------------------------------------------------------
-def launch_command(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, nproc: int
-) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc_per_node=N -m diagsink <command> <options>``.
-
-    The options are rebuilt from ``args`` (everything except ``--distributed``).
-    """
-    argv = [args.command]
-    for action in parser._actions:
-        if not action.option_strings or action.dest in ("help", "distributed"):
-            continue
-        value = getattr(args, action.dest, None)
-        flag = action.option_strings[-1]
-        if isinstance(action, argparse._StoreTrueAction):
-            if value:
-                argv.append(flag)
-        elif value is not None:
-            argv += [flag, str(value)]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "diagsink",
-        *argv,
-    ]
-
-
-def _nproc(text: str) -> int | str:
-    if text == "auto":  # a bare --distributed
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of processes") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("--distributed needs at least 1 process")
-    return value
-
-
-def _distributed_command(
-    parser: argparse.ArgumentParser,
-    func: Callable[[argparse.Namespace], int],
-    args: argparse.Namespace,
-) -> int:
-    if in_torchrun():  # a worker: join the group, run the command on this rank's device, leave
-        with session(args.device) as device:
-            args.device = str(device)
-            if dist.get_rank() == 0:
-                return func(args)
-            with contextlib.redirect_stdout(io.StringIO()):  # one summary line, from rank 0
-                return func(args)
-    if args.distributed:  # start the workers
-        nproc = args.distributed if args.distributed != "auto" else _default_nproc(args.device)
-        return subprocess.run(launch_command(parser, args, nproc), check=False).returncode
-    return func(args)
-
-
-def _default_nproc(device: str | None) -> int:
-    """One process per visible GPU when training on CUDA, else 2."""
-    use_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-    return max(1, torch.cuda.device_count()) if use_cuda else 2
-
-
-def add_distributed(parser: argparse.ArgumentParser) -> None:
-    """Give a command ``--distributed N`` and make it run under torchrun (see the module docstring)."""
-    parser.add_argument(
-        "--distributed",
-        nargs="?",
-        type=_nproc,
-        const="auto",
-        default=None,
-        metavar="N",
-        help="data-parallel training on N processes of this machine via torchrun (default N: one per GPU, "
-        "2 on a CPU); under torchrun itself this is automatic",
-    )
-    func = parser.get_default("func")
-    parser.set_defaults(func=functools.partial(_distributed_command, parser, func))

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .errors import ConfigError, DataError
+from ..errors import ConfigError, DataError
 
 __all__ = [
     "Splits",

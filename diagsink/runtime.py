@@ -12,11 +12,14 @@ Explained in the introduction (``book/intro.md``, "Three ways to use this book")
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["Settings", "settings", "pick", "default_device", "check_device"]
+import torch
+
+__all__ = ["Settings", "settings", "pick", "default_device", "check_device", "resolve_device"]
 
 T = TypeVar("T")
 
@@ -51,8 +54,6 @@ def _user_cache_dir() -> Path:
 
 def default_device() -> str:
     """``"cuda"`` if PyTorch sees a GPU, else ``"cpu"``."""
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -63,16 +64,12 @@ def check_device(name: str, source: str = "--device") -> str:
         ValueError: an unknown device name or a GPU this machine does not have; the message
             says which devices work (``source`` names where the value came from).
     """
-    import re
-
     value = str(name).strip().lower()
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", value):
         raise ValueError(
             f"{source}={name!r} is not a device; use cpu or cuda (cuda:<k> for the k-th GPU)."
         )
     if value.startswith("cuda"):
-        import torch
-
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         k = int(value.partition(":")[2] or 0)
         if k >= count:
@@ -81,13 +78,16 @@ def check_device(name: str, source: str = "--device") -> str:
                 "of PyTorch on a machine with a GPU (see the README, section GPU)."
             )
     if value == "mps":
-        import torch
-
         if not torch.backends.mps.is_available():
             raise ValueError(
                 f"{source}={name!r}: MPS (Apple GPU) is not available here. Fix: use cpu."
             )
     return value
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """``device`` checked by :func:`check_device`, or the one :func:`settings` chooses if ``None``."""
+    return torch.device(check_device(str(device)) if device else settings().device)
 
 
 def _parse_quick(raw: str) -> bool:

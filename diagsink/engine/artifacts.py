@@ -1,6 +1,6 @@
 """Result artifacts: one JSON file per training run, with its provenance and a checksum inside.
 
-A run of :func:`diagsink.train.train_run` writes ``<out>/<protocol>/<variant>_seed<k>.json``
+A run of :func:`diagsink.engine.train.train_run` writes ``<out>/<protocol>/<variant>_seed<k>.json``
 (and, when small, the trained ``state_dict`` as ``<variant>_seed<k>.pt``). The JSON holds:
 
 * ``metrics``: masked MAE/RMSE/MAPE at horizons 3, 6, 12 and over all 12 steps (``@mean``);
@@ -23,9 +23,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ._io import atomic_write_text
-from .errors import DiagsinkError
-from .variants import VARIANTS
+from .._io import atomic_write_text
+from ..errors import DiagsinkError
+from ..variants import VARIANTS
+from .config import config_hash
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -36,9 +37,6 @@ __all__ = [
     "validate_artifact",
     "load_artifact",
     "load_results",
-    "metric_table",
-    "t_quantile",
-    "paired_comparison",
 ]
 
 SCHEMA_VERSION = 1
@@ -139,8 +137,6 @@ def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[st
             raise ArtifactError(f"provenance.data field {key!r} is missing.")
     if prov["seed"] != art["seed"] or prov["config"].get("protocol") != art["protocol"]:
         raise ArtifactError("provenance seed/protocol disagree with the artifact's.")
-    from .config import config_hash
-
     if config_hash(prov["config"]) != prov["config_hash"]:
         raise ArtifactError("provenance.config_hash does not match provenance.config.")
     att = art["attention"]
@@ -193,71 +189,3 @@ def load_results(folder: str | Path) -> list[dict[str, Any]]:
     if not arts:
         raise ArtifactError(f"{folder} holds no artifacts; run `diagsink reproduce` first.")
     return sorted(arts, key=lambda a: (VARIANTS.index(a["variant"]), a["seed"]))
-
-
-# -- summaries used by the results chapter -------------------------------------------------------------
-def metric_table(arts: list[dict[str, Any]], key: str) -> dict[str, dict[int, float]]:
-    """``{variant: {seed: value}}`` of metric ``key`` (e.g. ``"MAE@12"``) over the artifacts."""
-    if key not in METRIC_KEYS:
-        raise ArtifactError(
-            f"metric {key!r} is not recorded; choose one of {', '.join(METRIC_KEYS)}."
-        )
-    out: dict[str, dict[int, float]] = {}
-    for a in arts:
-        out.setdefault(a["variant"], {})[a["seed"]] = float(a["metrics"][key])
-    return out
-
-
-def t_quantile(q: float, df: int, *, upper: float = 400.0, points: int = 400_001) -> float:
-    """Quantile ``q`` (> 0.5) of Student's t with ``df`` degrees of freedom (numerical integration).
-
-    The density is integrated with the trapezoidal rule on ``[0, upper]``; accurate to about
-    1e-4 for ``df >= 1`` and ``q <= 0.995`` (e.g. ``t_quantile(0.975, 2) = 4.303``).
-    """
-    import torch
-
-    if not (0.5 < q < 1 and df >= 1):
-        raise ValueError("t_quantile needs 0.5 < q < 1 and df >= 1.")
-    x = torch.linspace(0.0, upper, points, dtype=torch.float64)
-    pdf = (
-        torch.distributions.StudentT(torch.tensor(float(df), dtype=torch.float64)).log_prob(x).exp()
-    )
-    cdf = 0.5 + torch.cumulative_trapezoid(pdf, x, dim=0)
-    idx = int(torch.searchsorted(cdf, torch.tensor([q], dtype=torch.float64)))
-    return float(x[min(idx + 1, points - 1)])
-
-
-def paired_comparison(
-    arts: list[dict[str, Any]], variant: str, key: str, baseline: str = "none", level: float = 0.95
-) -> dict[str, float]:
-    """Paired comparison of ``variant`` against ``baseline`` over the seeds both have.
-
-    Runs with the same seed share the initial weights (all variants have the same
-    parameters), the order of the training windows and the data, so the per-seed
-    differences ``d_s = variant_s - baseline_s`` remove that source of noise. Returns the
-    mean difference, its standard deviation (``n - 1``), the half-width of the ``level``
-    paired-t interval and ``exceeds_noise`` = 1.0 when the interval excludes 0 (else 0.0).
-    """
-    import math
-
-    table = metric_table(arts, key)
-    if variant not in table or baseline not in table:
-        raise ArtifactError(f"need artifacts of both {variant!r} and {baseline!r} for {key}.")
-    seeds = sorted(set(table[variant]) & set(table[baseline]))
-    if len(seeds) < 2:
-        raise ArtifactError(
-            f"a paired comparison needs >= 2 common seeds; {variant} and {baseline} share {len(seeds)}."
-        )
-    d = [table[variant][s] - table[baseline][s] for s in seeds]
-    n = len(d)
-    mean = sum(d) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1))
-    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
-    return {
-        "n": n,
-        "mean_diff": mean,
-        "sd_diff": sd,
-        "half_width": half,
-        "t": mean / (sd / math.sqrt(n)) if sd > 0 else math.inf,
-        "exceeds_noise": float(abs(mean) > half),
-    }

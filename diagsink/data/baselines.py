@@ -26,9 +26,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .errors import DataError
-from .metrics import horizon_metrics
-from .protocol import Splits, gather, split_windows, train_steps
+from ..errors import DataError
+from ..metrics import horizon_metrics
+from .windows import Splits, gather, split_windows, train_steps
 
 __all__ = [
     "historical_average_table",

@@ -7,16 +7,21 @@ Artifacts go to ``DIR/<protocol>/<variant>_seed<k>.json`` (default ``DIR = book/
 no path can leave ``DIR``. ``reproduce`` trains every variant for seeds ``0..seeds-1`` and
 skips runs whose valid artifact with the same config already exists, so rerunning it after an
 interruption finishes the missing runs (an interrupted run resumes from its checkpoint).
-The engine is :mod:`diagsink.train`; see ``book/model.ipynb`` and ``book/results.ipynb``.
+The engine is :mod:`diagsink.engine.train`; see ``book/model.ipynb`` and ``book/results.ipynb``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from .config import PROTOCOLS
-from .distributed import add_distributed
-from .variants import VARIANTS
+from .._io import ensure_writable_dir
+from ..data import load_metr_la
+from ..engine.config import PROTOCOLS, load_config
+from ..engine.runs import reproduce, run_paths
+from ..engine.train import train_run
+from ..variants import VARIANTS
+from ._args import device, seed
+from .launch import add_distributed
 
 __all__ = ["add_commands"]
 
@@ -30,7 +35,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device",
         default=None,
-        type=_device,
+        type=device,
         help="cpu or cuda (default: DIAGSINK_DEVICE, else cuda if available)",
     )
     p.add_argument("--out", default="book/results", help="results folder (default book/results)")
@@ -43,47 +48,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _device(text: str) -> str:
-    from .settings import check_device
-
-    try:
-        return check_device(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a whole number; seeds are 0, 1, 2, ..."
-        ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("seeds are non-negative integers")
-    return value
-
-
 def _writable(args: argparse.Namespace, protocol: str, variant: str) -> None:
     """Fail before loading data or training: the artifact paths stay inside a writable ``--out``."""
-    from ._io import ensure_writable_dir
-    from .train import run_paths
-
     # a protocol name that would leave --out is refused here
     run_paths(args.out, protocol, variant, 0)
     ensure_writable_dir(args.out, "--out")
 
 
 def _data(args: argparse.Namespace):
-    from .data import load_metr_la
-
     return load_metr_la(args.data)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .train import run_paths, train_run
-
     cfg = load_config(args.protocol)
     _writable(args, cfg["protocol"], args.variant)
     art = train_run(
@@ -106,9 +82,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .train import reproduce
-
     cfg = load_config(args.protocol)
     seeds = args.seeds if args.seeds is not None else cfg["seeds"]
     if seeds < 1:
@@ -138,16 +111,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "train", help="train one variant with one seed and write its result artifact"
     )
     p.add_argument("--variant", required=True, choices=VARIANTS)
-    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     _common(p)
     p.set_defaults(func=_cmd_train)
-    add_distributed(p)  # --distributed N, and data-parallel under torchrun (diagsink.distributed)
+    add_distributed(
+        p
+    )  # --distributed N, and data-parallel under torchrun (diagsink.engine.distributed)
 
     r = sub.add_parser(
         "reproduce", help="train every variant x seed of a protocol (finished runs are skipped)"
     )
     r.add_argument(
-        "--seeds", type=_seed, default=None, help="number of seeds 0..n-1 (default: the protocol's)"
+        "--seeds", type=seed, default=None, help="number of seeds 0..n-1 (default: the protocol's)"
     )
     r.add_argument(
         "--variants", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}"

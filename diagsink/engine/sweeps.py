@@ -5,7 +5,7 @@
     diagsink sweep dropout --protocol quick [--values 0.05,0.2,0.5]
     diagsink sweep order   --protocol quick [--values ts,st] [--variants none,dropout]
 
-Each *point* of a sweep is one training run (:func:`diagsink.train.train_run`) of the
+Each *point* of a sweep is one training run (:func:`diagsink.engine.train.train_run`) of the
 protocol with one setting changed:
 
 * ``length``: ``model.t_in`` (the input length ``T``) for several variants; the forecast
@@ -17,28 +17,38 @@ protocol with one setting changed:
   block, the paper's T&S; ``st``: graph conv then temporal attention) for several variants.
 
 A point writes ``DIR/sweeps/<protocol>/<sweep>/<variant>_<key><value>_seed<k>.json``: a
-normal result artifact (:mod:`diagsink.artifacts`: metrics, the last block's attention,
+normal result artifact (:mod:`diagsink.engine.artifacts`: metrics, the last block's attention,
 provenance with the changed config, checksum) plus a ``sweep`` field naming the sweep, the
 changed key and its value. Files are written atomically; a point whose valid artifact with
 the same configuration exists is skipped, so an interrupted sweep finishes by rerunning it.
 No state dicts are written for sweep points (the JSON holds everything the book plots).
 
-Sizes follow :func:`diagsink.settings.pick`: quick mode sweeps fewer values and variants.
+Sizes follow :func:`diagsink.runtime.pick`: quick mode sweeps fewer values and variants.
 The chapter "Heatmaps on METR-LA" (``book/heatmaps.ipynb``) loads and plots the artifacts.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ._io import remove_stale_temporaries
-from .errors import ConfigError, DataError
-from .variants import VARIANTS
+import torch
+
+from .._io import remove_stale_temporaries
+from ..data import load_metr_la
+from ..data.windows import split_windows
+from ..errors import ConfigError, DataError
+from ..model import BLOCK_ORDERS
+from ..runtime import pick, resolve_device
+from ..stats import attention_entropy, diagonal_mass
+from ..variants import VARIANTS
+from .artifacts import load_artifact, write_artifact
+from .config import load_config, override
+from .runs import existing_run, run_name, run_paths
+from .train import prepare, train_run
 
 __all__ = [
     "SWEEPS",
@@ -52,7 +62,6 @@ __all__ = [
     "compact",
     "load_sweep",
     "sweep_rows",
-    "add_commands",
 ]
 
 #: The longest input a length sweep accepts, one day of 5-minute steps (memory grows with T^2).
@@ -86,8 +95,6 @@ def _check_sweep(name: str) -> None:
 
 def default_values(name: str) -> tuple[list[float | int | str], tuple[str, ...]]:
     """The values and variants a sweep runs by default (smaller in quick mode, via ``ds.pick``)."""
-    from .model import BLOCK_ORDERS
-    from .settings import pick
 
     _check_sweep(name)
     if name == "length":
@@ -104,8 +111,6 @@ def _check_values(name: str, values: list[Any]) -> list[float | int | str]:
         raise ConfigError(f"sweep {name!r} needs at least one value.")
     out: list[float | int | str] = []
     if name == "order":
-        from .model import BLOCK_ORDERS
-
         for v in values:
             if v not in BLOCK_ORDERS or not isinstance(v, str):
                 raise ConfigError(
@@ -177,7 +182,6 @@ def _fmt(value: float | int | str) -> str:
 
 def point_path(out_dir: str | Path, protocol: str, point: SweepPoint, seed: int) -> Path:
     """``out_dir/sweeps/<protocol>/<sweep>/<variant>_<short><value>_seed<k>.json`` (inside ``out_dir``)."""
-    from .train import run_name, run_paths
 
     run_paths(out_dir, protocol, point.variant, seed)  # refuses protocol names that leave out_dir
     name = f"{point.variant}_{SWEEPS[point.sweep][1]}{_fmt(point.value)}_seed{run_name(point.variant, seed).rsplit('seed', 1)[1]}"
@@ -190,7 +194,6 @@ def point_path(out_dir: str | Path, protocol: str, point: SweepPoint, seed: int)
 
 def _windows(n_steps: int, cfg: dict[str, Any]) -> dict[str, int] | str:
     """Window counts of the split, or the reason there is no usable split."""
-    from .protocol import split_windows
 
     m = cfg["model"]
     try:
@@ -230,10 +233,6 @@ def run_sweep(
     Raises:
         ConfigError: bad sweep name, values, variants, seeds or epochs (before any training).
     """
-    from .artifacts import ArtifactError, load_artifact, write_artifact
-    from .config import config_hash, load_config, override
-    from .settings import check_device, settings
-    from .train import prepare, train_run
 
     points = sweep_points(name, values, variants)
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= 100:
@@ -251,9 +250,8 @@ def run_sweep(
                 "train.warmup_epochs": min(base["train"]["warmup_epochs"], epochs - 1),
             },
         )
-    import torch
 
-    device_t = torch.device(check_device(str(device)) if device else settings().device)
+    device_t = resolve_device(device)
     done: list[Path] = []
     skipped: list[tuple[SweepPoint, str]] = []
     prepared: dict[int, Any] = {}
@@ -261,20 +259,16 @@ def run_sweep(
         for point in points:
             pcfg = override(base, {point.key: point.value})
             path = point_path(out_dir, pcfg["protocol"], point, seed)
-            if path.exists():
-                try:
-                    art = load_artifact(path)
-                    if art["provenance"]["config_hash"] == config_hash(pcfg):
-                        log(f"skip {path.name} (finished)")
-                        remove_stale_temporaries(path)
-                        done.append(path)
-                        continue
-                    log(f"redo {path.name}: made with another configuration")
-                except ArtifactError as exc:
-                    log(f"redo {path.name}: {exc}")
+            status, detail = existing_run(path, pcfg)
+            if status == "finished":
+                log(f"skip {path.name} (finished)")
+                remove_stale_temporaries(path)
+                done.append(path)
+                continue
+            if status != "absent":
+                why = "made with another configuration" if status == "other" else detail
+                log(f"redo {path.name}: {why}")
             if data is None:
-                from .data import load_metr_la
-
                 data = load_metr_la()
             counts = _windows(int(data.n_steps), pcfg)
             if isinstance(counts, str):
@@ -295,7 +289,6 @@ def run_sweep(
                 progress=progress,
                 write=False,
             )
-            art = {k: v for k, v in art.items() if not k.startswith("_")}
             art["state_dict"] = {
                 **art["state_dict"],
                 "file": None,
@@ -328,7 +321,6 @@ def _round(x: Any, digits: int) -> Any:
 
 def load_sweep(out_dir: str | Path, protocol: str, name: str) -> list[dict[str, Any]]:
     """Every valid artifact of sweep ``name`` (sorted by variant, value, seed); ``[]`` if none exist."""
-    from .artifacts import load_artifact
 
     _check_sweep(name)
     folder = Path(out_dir) / "sweeps" / protocol / name
@@ -342,9 +334,6 @@ def sweep_rows(arts: list[dict[str, Any]], metric: str = "MAE@mean") -> list[dic
     Diagonal mass and entropy come from each artifact's ``attention.mean`` ``[T, T]``
     (:func:`diagsink.stats.diagonal_mass`, :func:`diagsink.stats.attention_entropy`).
     """
-    import torch
-
-    from .stats import attention_entropy, diagonal_mass
 
     groups: dict[tuple[str, Any], list[dict[str, Any]]] = {}
     for a in arts:
@@ -366,92 +355,3 @@ def sweep_rows(arts: list[dict[str, Any]], metric: str = "MAE@mean") -> list[dic
             }
         )
     return rows
-
-
-# -- command line ---------------------------------------------------------------------------------------
-def _values(text: str) -> list[float | str]:
-    """Comma-separated numbers, or names (``ts,st`` for the order sweep; checked by :func:`sweep_points`)."""
-    items = [v.strip() for v in text.split(",") if v.strip()]
-    if items and all(v.isidentifier() for v in items):
-        return items  # names, e.g. block orders
-    try:
-        return [float(v) for v in items]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of numbers (e.g. 12,24,48) or of names (e.g. ts,st)"
-        ) from None
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _cmd_sweep(args: argparse.Namespace) -> int:
-    from .data import load_metr_la
-
-    variants = tuple(args.variants.split(",")) if args.variants else None
-    from ._io import ensure_writable_dir
-
-    sweep_points(args.sweep, args.values, variants)  # bad values fail before the data is loaded
-    ensure_writable_dir(args.out, "--out")  # and an unwritable --out before any training
-    t0 = time.perf_counter()
-    res = run_sweep(
-        args.sweep,
-        args.protocol,
-        seeds=args.seeds,
-        values=args.values,
-        variants=variants,
-        epochs=args.epochs,
-        out_dir=args.out,
-        data=load_metr_la(args.data),
-        device=args.device,
-        progress=not args.no_progress,
-    )
-    print(
-        f"sweep {args.sweep}: {len(res['done'])} points done, {len(res['skipped'])} skipped "
-        f"({time.perf_counter() - t0:.0f} s) -> {Path(args.out) / 'sweeps'}"
-    )
-    return 0
-
-
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register ``diagsink sweep {length,penalty,dropout,order}``."""
-    from .train_cli import _device
-
-    p = sub.add_parser(
-        "sweep",
-        help="train one setting at several values (input length, penalty, dropout p, block order); finished points are skipped",
-    )
-    p.add_argument("sweep", choices=tuple(SWEEPS), help="which setting to sweep")
-    p.add_argument(
-        "--protocol",
-        default="quick",
-        help="quick, book, paper, slice or a YAML file (default quick)",
-    )
-    p.add_argument("--seeds", type=_positive, default=1, help="seeds 0..n-1 (default 1)")
-    p.add_argument(
-        "--epochs",
-        type=_positive,
-        default=None,
-        help="override train.epochs (default: the protocol's)",
-    )
-    p.add_argument(
-        "--values",
-        type=_values,
-        default=None,
-        help="comma-separated values, e.g. 12,24,48 or ts,st (default: see diagsink.sweeps.default_values)",
-    )
-    p.add_argument(
-        "--variants", default=None, help="comma-separated variants (length and order sweeps only)"
-    )
-    p.add_argument("--out", default="book/results", help="results folder (default book/results)")
-    p.add_argument("--data", default=None, help="METR-LA folder (default: DIAGSINK_DATA)")
-    p.add_argument("--device", default=None, type=_device, help="cpu or cuda")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_sweep)

@@ -1,0 +1,43 @@
+"""The training engine: configs, one run, runs on disk, artifacts, sweeps, statistics over seeds.
+
+* :mod:`~diagsink.engine.config`        protocols (``paper``, ``book``, ``quick``, ``slice``) and their checks
+* :mod:`~diagsink.engine.prepare`       data on the device, batches of windows
+* :mod:`~diagsink.engine.loop`          the one training loop (:func:`~diagsink.engine.loop.fit_epoch`)
+* :mod:`~diagsink.engine.train`         one run: data on the device, model, epochs, test, artifact
+* :mod:`~diagsink.engine.runs`          paths, checkpoints, skip or redo, ``reproduce``
+* :mod:`~diagsink.engine.provenance`    commit, device and memory setting of a run
+* :mod:`~diagsink.engine.artifacts`     the result files and their checks
+* :mod:`~diagsink.engine.significance`  metric tables, t quantiles, paired comparisons
+* :mod:`~diagsink.engine.sweeps`        one setting trained at several values
+* :mod:`~diagsink.engine.distributed`   data-parallel training under ``torchrun``
+
+Explained in the chapters ``book/model.ipynb`` (the loop) and ``book/results.ipynb`` (the runs).
+"""
+
+from __future__ import annotations
+
+from . import (
+    artifacts,
+    config,
+    distributed,
+    loop,
+    prepare,
+    provenance,
+    runs,
+    significance,
+    sweeps,
+    train,
+)
+
+__all__ = [
+    "artifacts",
+    "config",
+    "distributed",
+    "loop",
+    "prepare",
+    "provenance",
+    "runs",
+    "significance",
+    "sweeps",
+    "train",
+]

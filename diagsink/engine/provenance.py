@@ -1,0 +1,79 @@
+"""Provenance of a run: the code version, the device, the process's memory setting.
+
+Every artifact of :mod:`diagsink.engine.artifacts` records these (``provenance``); explained in
+the chapter "The T&S model and its training loop" (``book/model.ipynb``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+__all__ = ["git_commit", "device_name", "release_freed_memory_to_os"]
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str:
+    """The repository's commit (``+dirty`` if tracked files changed), or ``"unknown"``.
+
+    Read once per process (at the start of its first run) and cached: the code that runs is
+    the code imported then, even if the repository moves on while a long ``reproduce`` runs.
+    A copy of the tree without ``.git`` (e.g. on a remote GPU machine) has no commit to read;
+    there the value of ``DIAGSINK_GIT_COMMIT``, recorded by whoever copied the tree, is used and
+    marked as such (``"<sha> (DIAGSINK_GIT_COMMIT, no .git)"``).
+    """
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+        if sha.returncode == 0:
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=here,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    given = os.environ.get("DIAGSINK_GIT_COMMIT", "").strip()
+    return f"{given} (DIAGSINK_GIT_COMMIT, no .git)" if given else "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    """``"cuda: NVIDIA H200"`` or ``"cpu: <processor>, <k> threads"``."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    proc = platform.processor() or platform.machine()
+    return f"cpu: {proc}, {torch.get_num_threads()} threads"
+
+
+def release_freed_memory_to_os() -> bool:
+    """Ask glibc to hand freed blocks of 128 KiB and more back to the OS at once (Linux only).
+
+    glibc raises its mmap threshold dynamically (up to 32 MiB), after which the many
+    activation-sized blocks of a training step are served from the heap and kept after being
+    freed, so the resident memory of a CPU run grows far beyond what is alive at any moment
+    (for the paper model at batch 32: 4.7 GiB instead of 1.3 GiB with ``low_memory``; see
+    ``benchmarks/training.py``). Fixing the threshold (``mallopt(M_MMAP_THRESHOLD)``, the same
+    as ``MALLOC_MMAP_THRESHOLD_=131072``) stops that. Returns whether it could be set.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        ok = libc.mallopt(m_mmap_threshold, 128 * 1024) == 1
+        return bool(ok and libc.mallopt(m_trim_threshold, 128 * 1024) == 1)
+    except (OSError, AttributeError):
+        return False
