@@ -7,6 +7,7 @@
 * :mod:`~diagsink.engine.runs`          paths, checkpoints, skip or redo, ``reproduce``
 * :mod:`~diagsink.engine.provenance`    commit, device and memory setting of a run
 * :mod:`~diagsink.engine.artifacts`     the result files and their checks
+* :mod:`~diagsink.engine.reload`        a committed run rebuilt from its weights; its metrics recomputed
 * :mod:`~diagsink.engine.significance`  metric tables, t quantiles, paired comparisons
 * :mod:`~diagsink.engine.sweeps`        one setting trained at several values
 * :mod:`~diagsink.engine.distributed`   data-parallel training under ``torchrun``
@@ -23,6 +24,7 @@ from . import (
     loop,
     prepare,
     provenance,
+    reload,
     runs,
     significance,
     sweeps,
@@ -36,6 +38,7 @@ __all__ = [
     "loop",
     "prepare",
     "provenance",
+    "reload",
     "runs",
     "significance",
     "sweeps",

@@ -1,0 +1,71 @@
+"""Every committed artifact with weights recomputes its test metrics with the current code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diagsink.data import load_metr_la, toy_data
+from diagsink.engine.artifacts import ArtifactError
+from diagsink.engine.prepare import prepare
+from diagsink.engine.reload import load_run, metric_differences, recompute_metrics
+from diagsink.errors import DataError
+
+from conftest import ROOT
+
+WITH_WEIGHTS = sorted(
+    p
+    for p in (ROOT / "book" / "results").glob("*/*.json")
+    if json.loads(p.read_text())["state_dict"].get("file")
+)
+
+
+def test_the_committed_runs_with_weights_are_found():
+    protocols = {p.parent.name for p in WITH_WEIGHTS}
+    assert {"quick", "slice"} <= protocols and len(WITH_WEIGHTS) >= 35
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_metr_la()  # DIAGSINK_DATA: the runs name the slice they were trained on
+
+
+def test_every_committed_run_recomputes_its_test_metrics(data):
+    prepared, problems = {}, []
+    for path in WITH_WEIGHTS:
+        cfg = json.loads(path.read_text())["provenance"]["config"]
+        key = json.dumps(cfg["model"]) + json.dumps(cfg["data"])
+        if key not in prepared:
+            prepared[key] = prepare(data, cfg)
+        run = load_run(path, prepared=prepared[key])
+        diff = metric_differences(run.artifact["metrics"], recompute_metrics(run))
+        if diff:
+            problems.append(f"{path.relative_to(ROOT)}: {'; '.join(diff)}")
+    assert not problems, (
+        "regenerate these artifacts (the code no longer gives their numbers):\n"
+        + "\n".join(problems)
+    )
+
+
+def test_changed_weights_or_other_data_are_refused(tmp_path, data):
+    src = WITH_WEIGHTS[0]
+    art = json.loads(src.read_text())
+    (tmp_path / src.name).write_text(src.read_text())
+    weights = tmp_path / art["state_dict"]["file"]
+    good = (src.parent / art["state_dict"]["file"]).read_bytes()
+    weights.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one bit changed
+    with pytest.raises(ArtifactError, match="regenerate"):
+        load_run(tmp_path / src.name, data=data)
+    weights.unlink()
+    with pytest.raises(ArtifactError, match="no weights"):
+        load_run(tmp_path / src.name, data=data)
+    with pytest.raises(DataError, match="DIAGSINK_DATA"):
+        load_run(src, data=toy_data(1026, 207))
+
+
+def test_a_changed_metric_is_reported():
+    assert metric_differences({"MAE@3": 2.0}, {"MAE@3": 2.0 + 1e-7}) == []
+    assert metric_differences({"MAE@3": 2.0}, {"MAE@3": 2.01}) == [
+        "MAE@3: recorded 2.000000, recomputed 2.010000"
+    ]
