@@ -14,6 +14,7 @@ Chapter modules (``ds.<name>``):
 * :mod:`diagsink.graphconv`, :mod:`diagsink.sparse`, :mod:`diagsink.model`  the T&S model (model chapter)
 * :mod:`diagsink.metrics`, :mod:`diagsink.stats`, :mod:`diagsink.plotting`  metrics, attention-map
   statistics, the book's figures (results, heatmaps)
+* :mod:`diagsink.sensitivity` where the sink lives in a trained model: input-step profile, maps
 * :mod:`diagsink.scaling`     costs and memory as the graph and T grow (scaling chapter)
 * :mod:`diagsink.variants`    the paper's five variants: names, letters, labels, layer arguments
 * :mod:`diagsink.runtime`     quick/full mode, data folder, device (:func:`settings`, :func:`pick`)
@@ -44,6 +45,7 @@ from . import (  # noqa: E402  (the submodules read __version__)
     plotting,
     positional,
     scaling,
+    sensitivity,
     sparse,
     stats,
     variants,
@@ -69,6 +71,7 @@ __all__ = [
     "plotting",
     "positional",
     "scaling",
+    "sensitivity",
     "sparse",
     "stats",
     "variants",

@@ -28,6 +28,8 @@ __all__ = [
     "lag_mass",
     "attention_entropy",
     "column_stripe_index",
+    "stripe_index_per_map",
+    "map_statistics",
     "parroting_score",
     "self_share",
 ]
@@ -134,12 +136,51 @@ def column_stripe_index(attn: torch.Tensor) -> float:
     Raises:
         ValueError: ``attn`` is not ``[..., T, T]``.
     """
+    return float(stripe_index_per_map(attn).mean())
+
+
+def stripe_index_per_map(attn: torch.Tensor) -> torch.Tensor:
+    """:func:`column_stripe_index` of every map: ``[..., T, T]`` -> ``[...]``."""
     length = _check_square(attn)
     dev = attn - 1.0 / length
     common = (attn.mean(-2) - 1.0 / length).pow(2).sum(-1)  # [...]
     total = dev.pow(2).sum((-2, -1)) / length  # [...]
-    index = torch.where(total > 1e-12, common / total.clamp_min(1e-30), torch.zeros_like(total))
-    return float(index.mean())
+    return torch.where(total > 1e-12, common / total.clamp_min(1e-30), torch.zeros_like(total))
+
+
+def map_statistics(attn: torch.Tensor) -> dict[str, dict[str, float]]:
+    """The book's three map statistics per sequence (mean, spread) and of the averaged map.
+
+    Entropy is concave, so the entropy of an averaged map is at least the mean entropy of its
+    maps: a flat average can hide sharp attention in every sequence. This reports both.
+
+    Args:
+        attn: ``[..., T, T]`` attention weights, one map per leading index (e.g.
+            ``[B, N, H, T, T]``: window, sensor, head).
+
+    Returns:
+        ``{"diagonal_ratio" | "entropy" | "stripe_index": {"mean", "std", "of_mean"}}``:
+        ``T · mean α_ii``, the row entropy divided by ``log T`` (1 = uniform) and
+        :func:`column_stripe_index`; ``mean``/``std`` over the maps, ``of_mean`` of their average.
+    """
+    length = _check_square(attn)
+    maps = attn.reshape(-1, length, length).double()
+    mean_map = maps.mean(0)
+    per_map = {
+        "diagonal_ratio": (
+            maps.diagonal(dim1=-2, dim2=-1).mean(-1) * length,
+            mean_map.diagonal().mean() * length,
+        ),
+        "entropy": (
+            attention_entropy(maps, normalized=True).mean(-1),
+            attention_entropy(mean_map, normalized=True).mean(),
+        ),
+        "stripe_index": (stripe_index_per_map(maps), stripe_index_per_map(mean_map)),
+    }
+    return {
+        k: {"mean": float(v.mean()), "std": float(v.std(unbiased=False)), "of_mean": float(m)}
+        for k, (v, m) in per_map.items()
+    }
 
 
 def parroting_score(pred: torch.Tensor, last_value: torch.Tensor, target: torch.Tensor) -> float:

@@ -11,6 +11,8 @@ from diagsink.engine.artifacts import ArtifactError
 from diagsink.engine.prepare import prepare
 from diagsink.engine.reload import load_run, metric_differences, recompute_metrics
 from diagsink.errors import DataError
+from diagsink.sensitivity import run_sensitivity
+from diagsink.variants import VARIANTS
 
 from conftest import ROOT
 
@@ -40,11 +42,39 @@ def test_every_committed_run_recomputes_its_test_metrics(data):
             prepared[key] = prepare(data, cfg)
         run = load_run(path, prepared=prepared[key])
         diff = metric_differences(run.artifact["metrics"], recompute_metrics(run))
+        if "sensitivity" in run.artifact:
+            diff += _sensitivity_differences(run)
         if diff:
             problems.append(f"{path.relative_to(ROOT)}: {'; '.join(diff)}")
     assert not problems, (
         "regenerate these artifacts (the code no longer gives their numbers):\n"
         + "\n".join(problems)
+    )
+
+
+def _sensitivity_differences(run) -> list[str]:
+    """The stored sensitivity numbers that the current code no longer gives."""
+    stored = run.artifact["sensitivity"]
+    again = run_sensitivity(run, **stored["settings"])
+    flat = lambda s: {  # noqa: E731
+        **{f"S_{j}": v for j, v in enumerate(s["profile"]["S"])},
+        **{f"{k}.{q}": v for k, d in s["maps"].items() for q, v in d.items()},
+    }
+    return metric_differences(flat(stored), flat(again), rtol=1e-4)
+
+
+def test_the_converged_runs_carry_their_sensitivity():
+    """5 variants x 4 seeds of the slice protocol, each with the numbers the pages show."""
+    slice_runs = [p for p in WITH_WEIGHTS if p.parent.name == "slice"]
+    arts = [json.loads(p.read_text()) for p in slice_runs]
+    assert sorted((a["variant"], a["seed"]) for a in arts) == sorted(
+        (v, s) for v in VARIANTS for s in range(4)
+    )
+    assert all("sensitivity" in a for a in arts), (
+        "run `diagsink sensitivity book/results/slice/*.json`"
+    )
+    assert all(
+        a["stopped"] == "early_stopping" or a["best_epoch"] < a["epochs_run"] - 1 for a in arts
     )
 
 

@@ -17,6 +17,7 @@ import argparse
 from .._io import ensure_writable_dir
 from ..data import load_metr_la
 from ..engine.config import PROTOCOLS, load_config
+from ..engine.reload import attach_sensitivity
 from ..engine.runs import reproduce, run_paths
 from ..engine.train import train_run
 from ..variants import VARIANTS
@@ -105,8 +106,29 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sensitivity(args: argparse.Namespace) -> int:
+    data = _data(args)
+    for path in args.artifacts:
+        field = attach_sensitivity(path, data=data)
+        s = field["profile"]["S"]
+        print(
+            f"{path}: S_j over the {len(s)} input steps {min(s):.3f} .. {max(s):.3f} (last step {s[-1]:.3f})"
+        )
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register ``train`` and ``reproduce``."""
+    """Register ``train``, ``reproduce`` and ``sensitivity``."""
+    s = sub.add_parser(
+        "sensitivity",
+        help="compute a run's input-step sensitivity and map statistics from its weights, store them in its artifact",
+    )
+    s.add_argument(
+        "artifacts", nargs="+", metavar="ARTIFACT", help="result .json files with weights"
+    )
+    s.add_argument("--data", default=None, help="METR-LA folder (default: DIAGSINK_DATA)")
+    s.set_defaults(func=_cmd_sensitivity)
+
     p = sub.add_parser(
         "train", help="train one variant with one seed and write its result artifact"
     )
@@ -114,9 +136,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed, default=0)
     _common(p)
     p.set_defaults(func=_cmd_train)
-    add_distributed(
-        p
-    )  # --distributed N, and data-parallel under torchrun (diagsink.engine.distributed)
+    # --distributed N, and data-parallel under torchrun (diagsink.engine.distributed)
+    add_distributed(p)
 
     r = sub.add_parser(
         "reproduce", help="train every variant x seed of a protocol (finished runs are skipped)"

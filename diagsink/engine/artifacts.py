@@ -9,6 +9,9 @@ A run of :func:`diagsink.engine.train.train_run` writes ``<out>/<protocol>/<vari
   and a sentence saying how it was averaged;
 * ``provenance``: git commit, the full config and its hash, the data file, its sha256,
   number of steps and whether it is the full data set, device, torch version, UTC date, seed;
+* ``sensitivity`` (optional, added later from the saved weights): the input-step profile and
+  the last block's per-sequence map statistics (:mod:`diagsink.sensitivity`), with the commit
+  and settings that computed them;
 * ``checksum``: sha256 of the canonical JSON of everything else, so an edited file is detected.
 
 Files are written atomically (:func:`diagsink._io.atomic_write_text`). The results chapter
@@ -148,6 +151,8 @@ def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[st
         _square(h, t)
     if not isinstance(att.get("how"), str):
         raise ArtifactError("attention.how (how the maps were averaged) is missing.")
+    if "sensitivity" in art:
+        _check_sensitivity(art["sensitivity"], prov["config"]["model"]["t_in"])
     if check_sum and checksum(art) != art["checksum"]:
         raise ArtifactError(
             "checksum mismatch: the artifact was edited or corrupted; regenerate it."
@@ -155,9 +160,25 @@ def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[st
     return art
 
 
+def _check_sensitivity(sens: Any, t_in: int) -> None:
+    """The optional ``sensitivity`` field (:func:`diagsink.engine.reload.attach_sensitivity`)."""
+    ok = (
+        isinstance(sens, dict)
+        and isinstance(sens.get("git_commit"), str)
+        and isinstance(sens.get("settings"), dict)
+        and isinstance(sens.get("maps"), dict)
+        and isinstance(sens.get("profile"), dict)
+        and len(sens["profile"].get("S") or []) == t_in
+    )
+    if not ok:
+        raise ArtifactError(
+            "artifact field 'sensitivity' is malformed; recompute it with `diagsink sensitivity <artifact>`."
+        )
+
+
 def write_artifact(path: str | Path, artifact: dict[str, Any]) -> Path:
     """Add the checksum, validate, and write ``artifact`` atomically as JSON."""
-    art = {k: v for k, v in artifact.items() if not k.startswith("_")}
+    art = dict(artifact)
     art["checksum"] = checksum(art)
     validate_artifact(art)
     return atomic_write_text(

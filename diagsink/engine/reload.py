@@ -18,11 +18,23 @@ from ..data import load_metr_la
 from ..errors import DataError
 from ..metrics import horizon_metrics
 from ..model import TSModel
-from .artifacts import ArtifactError, load_artifact
+from ..sensitivity import run_sensitivity
+from .artifacts import ArtifactError, load_artifact, write_artifact
 from .prepare import Prepared, prepare
+from .provenance import git_commit
 from .train import build_model, predict
 
-__all__ = ["LoadedRun", "load_run", "recompute_metrics", "metric_differences"]
+__all__ = [
+    "LoadedRun",
+    "load_run",
+    "recompute_metrics",
+    "metric_differences",
+    "SENSITIVITY_SETTINGS",
+    "attach_sensitivity",
+]
+
+#: How the committed runs' sensitivity is computed (first test windows, Hutchinson probes, seed).
+SENSITIVITY_SETTINGS: dict[str, int] = {"windows": 32, "probes": 16, "seed": 0}
 
 
 @dataclass
@@ -104,3 +116,23 @@ def metric_differences(
         for k in recorded
         if abs(recorded[k] - recomputed[k]) > rtol * max(abs(recorded[k]), 1e-12)
     ]
+
+
+def attach_sensitivity(
+    path: str | Path, data: Any = None, prepared: Prepared | None = None
+) -> dict[str, Any]:
+    """Compute the sensitivity of the run ``path`` from its weights and store it in the artifact.
+
+    The field ``sensitivity`` holds :func:`diagsink.sensitivity.run_sensitivity` with
+    :data:`SENSITIVITY_SETTINGS`, plus the commit of the code that computed it; the rest of the
+    artifact (the training's provenance) is unchanged. Written atomically; returns the field.
+    """
+    run = load_run(path, data=data, prepared=prepared)
+    field = {
+        **run_sensitivity(run, **SENSITIVITY_SETTINGS),
+        "settings": dict(SENSITIVITY_SETTINGS),
+        "git_commit": git_commit(),
+    }
+    art = {k: v for k, v in run.artifact.items() if k != "checksum"}
+    write_artifact(run.path, {**art, "sensitivity": field})
+    return field
