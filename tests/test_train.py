@@ -288,3 +288,18 @@ def test_git_commit_outside_a_checkout_uses_the_recorded_commit(monkeypatch):
         tr.git_commit.cache_clear()
     monkeypatch.undo()
     assert tr.git_commit() != "unknown"  # in this checkout git answers again
+
+
+def test_missing_inputs_enter_as_a_reading_or_as_the_mean():
+    data = toy_data()
+    cfg = tiny()
+    raw = prepare(data, cfg)
+    mean = prepare(data, override(cfg, {"data.missing_inputs": "mean"}))
+    missing = raw.speed == 0
+    assert missing.any() and (raw.series[..., 0][missing] < -3).all()  # 0 mph: far below the mean
+    assert (mean.series[..., 0][missing] == 0).all()  # the training mean after scaling
+    assert torch.equal(mean.series[..., 0][~missing], raw.series[..., 0][~missing])
+    assert torch.equal(mean.speed, raw.speed)  # the targets (and their mask) do not change
+    assert config_hash(override(cfg, {"data.missing_inputs": "as_reading"})) == config_hash(cfg)
+    with pytest.raises(ConfigError, match="missing_inputs.*as_reading, mean"):
+        override(cfg, {"data.missing_inputs": "zero"})

@@ -40,6 +40,7 @@ __all__ = [
     "PROTOCOLS",
     "SCHEMA",
     "OPTIONAL",
+    "MISSING_INPUTS",
     "load_config",
     "validate_config",
     "override",
@@ -81,14 +82,23 @@ SCHEMA: dict[str, Any] = {
         "max_train_windows": (int, type(None)),
         "time_limit_s": (*_NUM, type(None)),
     },
-    "data": {"split_order": str, "ratios": list},
+    "data": {"split_order": str, "ratios": list, "missing_inputs": str},
     "seeds": int,
 }
 
 #: Optional keys and their defaults (nested like :data:`SCHEMA`). A protocol may leave them out,
 #: and :func:`config_hash` drops them when they hold the default. ``model.block_order`` is
-#: ``"ts"`` (temporal attention then graph conv, the paper's) or ``"st"``.
-OPTIONAL: dict[str, Any] = {"model": {"block_order": "ts"}}
+#: ``"ts"`` (temporal attention then graph conv, the paper's) or ``"st"``. ``data.missing_inputs``
+#: says how a missing input reading (speed 0) enters the model: ``"as_reading"`` scales the 0
+#: like any speed (about -mu/sigma), ``"mean"`` replaces it by the training mean (0 after
+#: scaling); see :data:`MISSING_INPUTS` and the METR-LA chapter.
+OPTIONAL: dict[str, Any] = {
+    "model": {"block_order": "ts"},
+    "data": {"missing_inputs": "as_reading"},
+}
+
+#: The choices of ``data.missing_inputs``.
+MISSING_INPUTS: tuple[str, ...] = ("as_reading", "mean")
 
 
 def _check(
@@ -136,6 +146,11 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         # before the type check: its message lists the choices
         check_block_order(cfg["model"]["block_order"])
     _check(cfg, SCHEMA, "", OPTIONAL)
+    missing = cfg["data"].get("missing_inputs", "as_reading")
+    if missing not in MISSING_INPUTS:
+        raise ConfigError(
+            f"data.missing_inputs = {missing!r} is not known; choose one of {', '.join(MISSING_INPUTS)}."
+        )
     m, t, r, d = cfg["model"], cfg["train"], cfg["regularizers"], cfg["data"]
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", cfg["protocol"]):
         raise ConfigError(

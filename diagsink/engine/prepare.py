@@ -58,7 +58,10 @@ def prepare(data: Any, cfg: dict[str, Any], device: str | torch.device = "cpu") 
     scaler = Scaler.fit(data.speed[: train_steps(splits, m["t_in"], m["t_out"])])
     speed = torch.as_tensor(data.speed, dtype=torch.float32)
     tod = torch.tensor(time_of_day(data.timestamps), dtype=torch.float32)[:, None].expand_as(speed)
-    series = torch.stack([(speed - scaler.mean) / scaler.std, tod], dim=-1)
+    scaled = (speed - scaler.mean) / scaler.std
+    if cfg["data"].get("missing_inputs", "as_reading") == "mean":
+        scaled = scaled.masked_fill(speed == 0, 0.0)  # a missing input reads as the training mean
+    series = torch.stack([scaled, tod], dim=-1)
     info = {
         "file": Path(data.path).name,
         "sha256": data.sha256,
@@ -72,6 +75,7 @@ def prepare(data: Any, cfg: dict[str, Any], device: str | torch.device = "cpu") 
             for k, v in (("train", splits.train), ("val", splits.val), ("test", splits.test))
         },
         "scaler": {"mean": float(scaler.mean), "std": float(scaler.std)},
+        "missing_inputs": cfg["data"].get("missing_inputs", "as_reading"),
     }
     return Prepared(
         series=series.to(device),
