@@ -68,11 +68,7 @@ class Recording:
 
     @property
     def maps(self) -> dict[str, torch.Tensor]:
-        """``name -> [..., H, T, T]``; several calls of one module are concatenated on axis 0.
-
-        Raises ``ValueError`` when the calls of one name have different trailing shapes
-        (e.g. different ``T``): read ``calls[name]`` then.
-        """
+        """``name -> [..., H, T, T]``; several calls are concatenated on axis 0."""
         out = {}
         for name, calls in self.calls.items():
             if len({tuple(c.shape[1:]) for c in calls}) > 1:
@@ -282,11 +278,7 @@ def record(model: nn.Module, *, sdpa: bool = True) -> Iterator[Recording]:
 
 # -- statistics -----------------------------------------------------------------------------------
 def _stripe_per_map(maps: torch.Tensor) -> torch.Tensor:
-    """:func:`diagsink.stats.column_stripe_index` of every map ``[n, T, T] -> [n]`` (not averaged).
-
-    The same formula, vectorised: the stats function returns only the mean over maps (the
-    tests check that the two agree).
-    """
+    """:func:`diagsink.stats.column_stripe_index` per map, ``[n, T, T] -> [n]`` (tested equal)."""
     u = 1.0 / maps.shape[-1]
     common = (maps.mean(-2) - u).pow(2).sum(-1)
     total = (maps - u).pow(2).sum((-2, -1)) * u

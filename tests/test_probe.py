@@ -1,4 +1,4 @@
-"""diagsink.probe: recording attention maps of unmodified models, statistics, sensitivity profile."""
+"""diagsink.probe: recording attention maps of unmodified models, statistics, sensitivity."""
 
 from __future__ import annotations
 
