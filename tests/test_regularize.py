@@ -1,4 +1,4 @@
-"""diagsink.regularize: the regularizers on any nn.MultiheadAttention, equal to the package layer."""
+"""diagsink.regularize: the regularizers on any nn.MultiheadAttention equal the package layer."""
 
 from __future__ import annotations
 
