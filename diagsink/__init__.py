@@ -15,6 +15,8 @@ Chapter modules (``ds.<name>``):
 * :mod:`diagsink.metrics`, :mod:`diagsink.stats`, :mod:`diagsink.plotting`  metrics, attention-map
   statistics, the book's figures (results, heatmaps)
 * :mod:`diagsink.sensitivity` where the sink lives in a trained model: input-step profile, maps
+* :mod:`diagsink.probe`, :func:`diagsink.regularize`  diagnose and regularize the sink in any
+  PyTorch model (the chapter "Your own model")
 * :mod:`diagsink.scaling`     costs and memory as the graph and T grow (scaling chapter)
 * :mod:`diagsink.variants`    the paper's five variants: names, letters, labels, layer arguments
 * :mod:`diagsink.runtime`     quick/full mode, data folder, device (:func:`settings`, :func:`pick`)
@@ -44,6 +46,7 @@ from . import (  # noqa: E402  (the submodules read __version__)
     parroting,
     plotting,
     positional,
+    probe,
     scaling,
     sensitivity,
     sparse,
@@ -54,6 +57,7 @@ from .attention import DIAG_OPTIONS, TemporalAttention, diagonal_bias  # noqa: E
 from .errors import ConfigError, DataError, DiagsinkError  # noqa: E402
 from .model import TSModel  # noqa: E402
 from .positional import PositionalEncoding, sinusoidal_table, tape_table  # noqa: E402
+from .regularize import regularize  # noqa: E402  (the function; its module: diagsink.regularize)
 from .runtime import Settings, pick, settings  # noqa: E402
 
 __all__ = [
@@ -70,6 +74,7 @@ __all__ = [
     "parroting",
     "plotting",
     "positional",
+    "probe",
     "scaling",
     "sensitivity",
     "sparse",
@@ -78,6 +83,7 @@ __all__ = [
     "settings",
     "Settings",
     "pick",
+    "regularize",
     "TemporalAttention",
     "TSModel",
     "diagonal_bias",

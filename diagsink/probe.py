@@ -277,14 +277,6 @@ def record(model: nn.Module, *, sdpa: bool = True) -> Iterator[Recording]:
 
 
 # -- statistics -----------------------------------------------------------------------------------
-def _stripe_per_map(maps: torch.Tensor) -> torch.Tensor:
-    """:func:`diagsink.stats.column_stripe_index` per map, ``[n, T, T] -> [n]`` (tested equal)."""
-    u = 1.0 / maps.shape[-1]
-    common = (maps.mean(-2) - u).pow(2).sum(-1)
-    total = (maps - u).pow(2).sum((-2, -1)) * u
-    return torch.where(total > 1e-12, common / total.clamp_min(1e-30), torch.zeros_like(total))
-
-
 def map_stats(attn: torch.Tensor) -> dict[str, float]:
     """The book's statistics of weights ``[..., T, T]``: per map (mean, SD) and of the mean map.
 
@@ -301,7 +293,7 @@ def map_stats(attn: torch.Tensor) -> dict[str, float]:
     per = {
         "diag_mass": maps.diagonal(dim1=-2, dim2=-1).mean(-1),
         "entropy": stats.attention_entropy(maps, normalized=True).mean(-1),
-        "stripe": _stripe_per_map(maps),
+        "stripe": stats.stripe_index_per_map(maps),
     }
     per["diag_ratio"] = per["diag_mass"] * length
     mean = maps.mean(0)

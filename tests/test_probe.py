@@ -249,3 +249,17 @@ def test_report_figure_and_table():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_probe_command_on_a_committed_run(capsys, tmp_path):
+    from diagsink.cli import main
+
+    from conftest import ROOT
+
+    art = ROOT / "book" / "results" / "quick" / "mask_seed0.json"
+    assert main(["probe", str(art), "--windows", "2", "--out", str(tmp_path / "p.png")]) == 0
+    out = capsys.readouterr().out
+    # the two blocks of the quick model, each [B, N, H, T, T]; the mask's diagonal is empty
+    assert "blocks.0.attn" in out and "blocks.1.attn" in out and "(2, 207, 2, 12, 12)" in out
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+    assert main(["probe", str(tmp_path / "missing.json")]) == 2

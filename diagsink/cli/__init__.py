@@ -3,7 +3,7 @@
 Every command reports bad input as one line starting with ``error:`` (no traceback) and
 exits with status 2; a successful command exits with 0. Subcommands are registered in
 :func:`build_parser`; each command group has its module here (``data``, ``train``,
-``sweep``, ``course``; ``launch`` gives training commands ``--distributed N``).
+``sweep``, ``course``, ``probe``; ``launch`` gives training commands ``--distributed N``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import torch
 from .. import __version__
 from ..errors import DiagsinkError
 from ..runtime import settings
-from . import course, data, sweep, train
+from . import course, data, probe, sweep, train
 
 __all__ = ["main", "build_parser"]
 
 # The modules of this package that contribute subcommands: each defines ``add_commands``.
 # Add a module here when it gains a command (keep this the only registry).
-COMMAND_MODULES: tuple[ModuleType, ...] = (course, data, train, sweep)
+COMMAND_MODULES: tuple[ModuleType, ...] = (course, data, train, sweep, probe)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
