@@ -74,3 +74,12 @@ def test_tests_take_the_repository_root_from_conftest():
         if p.name != "conftest.py" and re.search(r"(?m)^ROOT\s*=", p.read_text())
     ]
     assert not redefined, f"define ROOT only in tests/conftest.py: {redefined}"
+
+
+def test_no_file_of_the_package_is_ignored_by_git():
+    """A package file that .gitignore matches (e.g. a data/ pattern) would be missing from every clone."""
+    files = [str(p.relative_to(ROOT)) for p in (ROOT / "diagsink").rglob("*.py")]
+    run = subprocess.run(
+        ["git", "check-ignore", "--no-index", *files], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.stdout.strip() == "", f"ignored by .gitignore: {run.stdout.split()}"
