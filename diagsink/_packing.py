@@ -1,8 +1,9 @@
-"""The fast path of :class:`~diagsink.attention.TemporalAttention`: fused attention, short CPU sequences packed.
+"""The fast path of ``TemporalAttention``: fused attention, short CPU sequences packed.
 
-Private machinery, not part of the teaching layer: :meth:`TemporalAttention.forward` calls
-:func:`fused_attention` when it does not need the attention weights, and gets the same
-function as its explicit path (``softmax(q k^T / sqrt(d_h) + b) v``), computed faster.
+Private machinery, not part of the teaching layer:
+:meth:`~diagsink.attention.TemporalAttention.forward` calls :func:`fused_attention` when it
+does not need the attention weights, and gets the same function as its explicit path
+(``softmax(q k^T / sqrt(d_h) + b) v``), computed faster.
 
 On the CPU, PyTorch's fused kernel pays a fixed cost for every (sequence, head), which
 dominates for short sequences (``T = 12`` on METR-LA), and its code path for an additive mask
@@ -40,7 +41,9 @@ _CACHE_MAX_T = 256
 
 
 def pack_groups(n_seq: int, length: int, device: torch.device, p_drop: float = 0.0) -> int:
-    """How many sequences the fast path packs into one: the largest ``G`` with ``G·T <= PACK_LENGTH`` dividing ``n_seq``.
+    """How many sequences the fast path packs into one (``G``; 1: no packing).
+
+    The largest ``G`` with ``G·T <= PACK_LENGTH`` that divides ``n_seq``.
 
     Packing ``G`` consecutive sequences into one sequence of ``G·T`` steps, with a bias of
     ``-inf`` between steps of different sequences, computes exactly the same attention in
@@ -61,7 +64,9 @@ def pack_groups(n_seq: int, length: int, device: torch.device, p_drop: float = 0
 
 
 def pack_diagonal_bias(diagonal: torch.Tensor, groups: int) -> torch.Tensor:
-    """The logit bias of ``G`` sequences packed end to end, each with a diagonal bias: ``0`` or its diagonal value within a sequence, ``-inf`` between sequences.
+    """The logit bias of ``G`` sequences packed end to end: ``-inf`` between sequences.
+
+    Within a sequence it is its own bias: ``0`` off the diagonal, ``b_ii`` on it.
 
     Args:
         diagonal: the diagonal ``b_ii`` of every sequence's bias (every regularizer's bias is
@@ -95,7 +100,9 @@ def pack_diagonal_bias(diagonal: torch.Tensor, groups: int) -> torch.Tensor:
 def _packed_constant(
     length: int, groups: int, value: float, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """:func:`pack_diagonal_bias` of ``value`` on every diagonal entry, ``[G·T, G·T]``; cached, never modify it.
+    """:func:`pack_diagonal_bias` of ``value`` on every diagonal entry, ``[G·T, G·T]``.
+
+    Cached: never modify it in place.
 
     Built outside inference mode even when first requested inside ``torch.inference_mode()``:
     an inference tensor in the cache could not be saved for a later backward pass.
@@ -144,14 +151,17 @@ def fused_attention(
     diagonal: float | torch.Tensor | None,
     p_drop: float,
 ) -> torch.Tensor:
-    """The fast path: ``Σ_j α_ij v_j`` via ``scaled_dot_product_attention``, heads merged: ``[..., T, C] -> [..., T, C]``.
+    """The fast path, ``Σ_j α_ij v_j`` by the fused kernel: ``[..., T, C] -> [..., T, C]``.
+
+    Computed by ``scaled_dot_product_attention``, heads merged (``W_O`` is left to the caller).
 
     ``layer`` provides the projections and the head split; ``diagonal`` is its regularizer's
-    ``b_ii`` (:meth:`TemporalAttention.diagonal`). The leading axes are flattened into one
-    batch axis first (the fused CPU kernels want 4-D input); a ``[T, T]`` bias broadcasts and
-    is never expanded. Short sequences on the CPU are packed ``G`` at a time into sequences of
-    ``G·T`` steps whose bias is ``-inf`` between different sequences (see :func:`pack_groups`):
-    the same function, computed faster, with or without a regularizer.
+    ``b_ii`` (:meth:`~diagsink.attention.TemporalAttention.diagonal`). The leading axes are
+    flattened into one batch axis first (the fused CPU kernels want 4-D input); a ``[T, T]``
+    bias broadcasts and is never expanded. Short sequences on the CPU are packed ``G`` at a
+    time into sequences of ``G·T`` steps whose bias is ``-inf`` between different sequences
+    (see :func:`pack_groups`): the same function, computed faster, with or without a
+    regularizer.
     """
     *lead, length, channels = h.shape
     n_seq = math.prod(lead)

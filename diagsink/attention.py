@@ -75,7 +75,7 @@ def _check_diag_args(diag: str | None, diag_p: float, diag_penalty: float) -> No
 
 
 def _check_dropped(dropped: torch.Tensor, length: int) -> torch.Tensor:
-    """A valid boolean dropout pattern ``[..., T]`` (integer 0/1 accepted), else a ``ValueError``."""
+    """A valid boolean dropout pattern ``[..., T]`` (0/1 integers accepted), else a ValueError."""
     if not isinstance(dropped, torch.Tensor):
         raise ValueError(
             f"dropped must be a boolean tensor ([T] or [..., H, T]), got {type(dropped).__name__}."
@@ -312,7 +312,7 @@ class TemporalAttention(nn.Module):
     def diagonal(
         self, x: torch.Tensor, dropped: torch.Tensor | None = None
     ) -> float | torch.Tensor | None:
-        """The regularizer's diagonal ``b_ii`` for input ``x`` ``[..., T, C]`` (:func:`diagonal_entries`).
+        """The regularizer's diagonal ``b_ii`` for ``x`` ``[..., T, C]`` (:func:`diagonal_entries`).
 
         ``None``, a number (mask, penalty), or a dropout pattern: ``[T]`` (shared, or an
         explicit ``[T]``), ``[..., H, T]`` (independent patterns, or an explicit ``dropped``

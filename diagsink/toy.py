@@ -160,9 +160,9 @@ class Sweep:
 
     ``mean[kind][path]`` and ``max[kind][path]`` are arrays over ``lengths`` (``kind`` is
     ``"off"`` or ``"diag"``, ``path`` one of :data:`~diagsink.jacobian.PATHS` or ``"total"``):
-    the mean and the largest block norm over the blocks of that kind, averaged over the samples; where
-    ``max_exact[li]`` is ``False`` (``T > max_rows``) it is the largest over a random subset of
-    query rows (a subset maximum, at most the true maximum).
+    the mean and the largest block norm over the blocks of that kind, averaged over the
+    samples; where ``max_exact[li]`` is ``False`` (``T > max_rows``) it is the largest over a
+    random subset of query rows (a subset maximum, at most the true maximum).
     ``bound[kind][path]`` is the per-entry bound of :func:`~diagsink.jacobian.bound` and
     ``bound_average[path]`` the bound on the average over ``j ≠ i`` (both averaged over
     samples). ``slope[kind][path]`` / ``max_slope[kind][path]`` are fitted log-log slopes.
