@@ -25,7 +25,7 @@ unfused math path, and our layer its own explicit path (logits, softmax, dropout
 sum), which is faster, and where adding a bias is one cheap elementwise operation.
 
 Without attention dropout on the CPU, the layer packs short sequences (T <= 12) end to end
-(``diagsink.attention.pack_groups``): the fused kernel's fixed cost per sequence and head is
+(``diagsink._packing.pack_groups``): the fused kernel's fixed cost per sequence and head is
 paid fewer times, and the regularizer's diagonal rides on the ``-inf`` bias that keeps the
 packed sequences apart. Longer sequences run unpacked, where every regularizer pays the
 masked kernel's extra pass over the ``T x T`` scores; the ``cause:`` line measures it.
@@ -175,7 +175,7 @@ def diagnose(
         "none": (q, k, v, None, g),
         "mask": (q, k, v, bias, g),
     }  # name -> (q, k, v, attn_mask, grad)
-    groups = ds.attention.pack_groups(n_seq, T, device)
+    groups = ds._packing.pack_groups(n_seq, T, device)
     if groups > 1:  # the layout and block bias the layer uses for short sequences
         qp, kp, vp, gp = (
             t.detach()
@@ -186,7 +186,7 @@ def diagnose(
         )
         for t in (qp, kp, vp):
             t.requires_grad_(True)
-        block = ds.attention.pack_diagonal_bias(torch.full((T,), -0.1, device=device), groups)
+        block = ds._packing.pack_diagonal_bias(torch.full((T,), -0.1, device=device), groups)
         cases["packed"] = (qp, kp, vp, block, gp)
     core: dict[str, list[float]] = {name: [] for name in cases}
     # interleaved, like the layer variants; the first round is a warm-up

@@ -16,6 +16,7 @@ import warnings
 import torch
 
 from diagsink import jacobian as J
+from diagsink import toy
 
 
 def _median_seconds(fn, repeats: int) -> tuple[float, torch.Tensor]:
@@ -42,7 +43,7 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; T={args.length}, C={args.d_model}, H={args.heads}"
     )
     for dtype in (torch.float32, torch.float64):
-        layer = J.init_layer(args.d_model, args.heads, seed=0, dtype=dtype)
+        layer = toy.init_layer(args.d_model, args.heads, seed=0, dtype=dtype)
         x = torch.randn(
             args.length, args.d_model, generator=torch.Generator().manual_seed(1), dtype=dtype
         )

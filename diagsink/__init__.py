@@ -10,7 +10,9 @@ Chapter modules (``ds.<name>``):
 * :mod:`diagsink.positional`  sinusoidal, tAPE and learned positional encodings (attention chapter)
 * :mod:`diagsink.jacobian`    the layer's Jacobian, its four paths and their bounds (Jacobian, bounds)
 * :mod:`diagsink.depth`       Jacobians of stacks of layers and LayerNorm (Jacobian chapter)
-* :mod:`diagsink.parroting`   the parroting task and its measurements (parroting chapter)
+* :mod:`diagsink.toy`         toy layers, their inputs and sweeps over T (Jacobian, bounds, scaling)
+* :mod:`diagsink.parroting`   the parroting task and its measurements (parroting chapter;
+  the tasks themselves in :mod:`diagsink.parrot_tasks`)
 * :mod:`diagsink.graphconv`, :mod:`diagsink.sparse`, :mod:`diagsink.model`  the T&S model (model chapter)
 * :mod:`diagsink.metrics`, :mod:`diagsink.stats`, :mod:`diagsink.plotting`  metrics, attention-map
   statistics, the book's figures (results, heatmaps)
@@ -43,6 +45,7 @@ from . import (  # noqa: E402  (the submodules read __version__)
     jacobian,
     metrics,
     model,
+    parrot_tasks,
     parroting,
     plotting,
     positional,
@@ -51,6 +54,7 @@ from . import (  # noqa: E402  (the submodules read __version__)
     sensitivity,
     sparse,
     stats,
+    toy,
     variants,
 )
 from .attention import DIAG_OPTIONS, TemporalAttention, diagonal_bias  # noqa: E402
@@ -72,6 +76,7 @@ __all__ = [
     "metrics",
     "model",
     "parroting",
+    "parrot_tasks",
     "plotting",
     "positional",
     "probe",
@@ -79,6 +84,7 @@ __all__ = [
     "sensitivity",
     "sparse",
     "stats",
+    "toy",
     "variants",
     "settings",
     "Settings",

@@ -21,23 +21,22 @@ from __future__ import annotations
 
 import math
 import numbers
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._packing import fused_attention
 from .errors import ConfigError
 from .positional import PositionalEncoding
 
 __all__ = [
     "TemporalAttention",
     "diagonal_bias",
-    "pack_groups",
-    "pack_diagonal_bias",
+    "diagonal_entries",
+    "bias_from_diagonal",
     "DIAG_OPTIONS",
     "NORM_OPTIONS",
-    "PACK_LENGTH",
 ]
 
 #: The values ``diag`` may take.
@@ -75,104 +74,8 @@ def _check_diag_args(diag: str | None, diag_p: float, diag_penalty: float) -> No
         )
 
 
-def _constant_value(diag: str, diag_penalty: float) -> float:
-    """The diagonal logit bias ``b_ii`` of the deterministic regularizers: ``-inf`` (``"mask"``) or the penalty."""
-    return float(diag_penalty) if diag == "penalty" else float("-inf")
-
-
-#: Longest sequence whose constant bias is cached (longer ones are cheap to rebuild relative
-#: to the attention itself, and caching them would hold megabytes per entry).
-_CACHE_MAX_T = 256
-
-
-@lru_cache(maxsize=32)
-def _constant_bias(
-    length: int, value: float, dtype: torch.dtype, device: torch.device | None
-) -> torch.Tensor:
-    """``[T, T]`` zeros with ``value`` on the diagonal; cached, so never modify it in place.
-
-    Built outside inference mode even when first requested inside ``torch.inference_mode()``:
-    an inference tensor in the cache could not be saved for a later backward pass.
-    """
-    with torch.inference_mode(False):
-        eye = torch.eye(length, dtype=torch.bool, device=device)
-        return torch.zeros(length, length, dtype=dtype, device=device).masked_fill(eye, value)
-
-
-#: On the CPU the fast path packs sequences of at most half this many steps end to end, into
-#: sequences of at most this many (see :func:`pack_groups`). Measured with
-#: ``benchmarks/attention.py`` on one x86-64 CPU (2 cores): for T = 12, packed lengths 24 and 48
-#: ran about equally fast and 36, 72 and 96 slower; 24 keeps the per-sequence dropout bias
-#: (``G·T`` floats per query) small. Other CPUs may prefer another length; results are the same.
-PACK_LENGTH = 24
-
-
-def pack_groups(n_seq: int, length: int, device: torch.device, p_drop: float = 0.0) -> int:
-    """How many sequences the fast path packs into one: the largest ``G`` with ``G·T <= PACK_LENGTH`` dividing ``n_seq``.
-
-    PyTorch's fused CPU attention kernel pays a fixed cost for every (sequence, head), which
-    dominates for short sequences (``T = 12`` on METR-LA), and its code path for an additive
-    mask pays more. Packing ``G`` consecutive sequences into one sequence of ``G·T`` steps,
-    with a bias of ``-inf`` between steps of different sequences, computes exactly the same
-    attention (a ``-inf`` logit gets weight 0), in fewer, larger pieces; the block bias then
-    carries the regularizer's diagonal at no extra cost (:func:`pack_diagonal_bias`).
-
-    Returns 1 (no packing) off the CPU (the GPU kernels have other trade-offs), with
-    attention dropout (attention is then computed unfused, where packing would multiply the
-    work by ``G``), for ``T > PACK_LENGTH / 2``, and when no ``G > 1`` divides ``n_seq``.
-    Explained in the chapter "Attention over time, step by step".
-    """
-    if device.type != "cpu" or p_drop > 0.0 or 2 * length > PACK_LENGTH:
-        return 1
-    groups = PACK_LENGTH // length
-    while n_seq % groups:
-        groups -= 1
-    return groups
-
-
-def pack_diagonal_bias(diagonal: torch.Tensor, groups: int) -> torch.Tensor:
-    """The logit bias of ``G`` sequences packed end to end, each with a diagonal bias: ``0`` or its diagonal value within a sequence, ``-inf`` between sequences.
-
-    Args:
-        diagonal: the diagonal ``b_ii`` of every sequence's bias (every regularizer's bias is
-            zero off its diagonal): ``[T]`` (the same for every sequence and head), ``[H, T]``
-            (one per head) or ``[n_seq, H, T]`` (one per sequence and head, ``n_seq``
-            divisible by ``G``; sequence ``s·G + g`` becomes part ``g`` of packed sequence ``s``).
-        groups: ``G``.
-
-    Returns:
-        ``[..., G·T, G·T]``: ``[G·T, G·T]``, ``[H, G·T, G·T]`` or ``[n_seq / G, H, G·T, G·T]``.
-    """
-    length = diagonal.shape[-1]
-    if diagonal.dim() == 3:  # [n_seq, H, T] -> [n_seq / G, H, G·T]
-        n_seq, heads = diagonal.shape[:2]
-        diagonal = diagonal.reshape(n_seq // groups, groups, heads, length).transpose(1, 2)
-        diagonal = diagonal.reshape(n_seq // groups, heads, groups * length)
-    else:  # the same in every sequence: repeat it
-        diagonal = diagonal.repeat(*[1] * (diagonal.dim() - 1), groups)
-    same = torch.block_diag(
-        *[torch.ones(length, length, dtype=torch.bool, device=diagonal.device)] * groups
-    )
-    between = torch.zeros(same.shape, dtype=diagonal.dtype, device=diagonal.device).masked_fill(
-        ~same, float("-inf")
-    )
-    out = between.expand(*diagonal.shape, groups * length).clone()
-    out.diagonal(dim1=-2, dim2=-1).copy_(diagonal)
-    return out
-
-
-@lru_cache(maxsize=32)
-def _packed_constant(
-    length: int, groups: int, value: float, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """:func:`pack_diagonal_bias` of ``value`` on every diagonal entry, ``[G·T, G·T]``; cached, never modify it."""
-    with torch.inference_mode(False):
-        return pack_diagonal_bias(torch.full((length,), value, dtype=dtype, device=device), groups)
-
-
-def _check_dropped(
-    dropped: torch.Tensor, length: int, batch_shape: tuple[int, ...], n_heads: int
-) -> torch.Tensor:
+def _check_dropped(dropped: torch.Tensor, length: int) -> torch.Tensor:
+    """A valid boolean dropout pattern ``[..., T]`` (0/1 integers accepted), else a ValueError."""
     if not isinstance(dropped, torch.Tensor):
         raise ValueError(
             f"dropped must be a boolean tensor ([T] or [..., H, T]), got {type(dropped).__name__}."
@@ -180,19 +83,8 @@ def _check_dropped(
     if dropped.dim() == 0 or dropped.shape[-1] != length:
         raise ValueError(
             f"dropped has shape {tuple(dropped.shape)} but the sequence has T={length} steps; "
-            f"pass a boolean pattern of shape [T] = [{length}] or [..., H, T] = {[*batch_shape, n_heads, length]}."
+            f"pass a boolean pattern of shape [T] = [{length}] or [..., H, T] (last axis {length})."
         )
-    if dropped.dim() > 1:
-        target = (*batch_shape, n_heads, length)
-        try:
-            fits = torch.broadcast_shapes(tuple(dropped.shape), target) == target
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ValueError(
-                f"dropped has shape {tuple(dropped.shape)}, which does not broadcast to the "
-                f"pattern shape [..., H, T] = {[*batch_shape, n_heads, length]}."
-            )
     if dropped.dtype != torch.bool:
         if (
             dropped.is_floating_point()
@@ -211,6 +103,88 @@ def _check_dropped(
     return dropped
 
 
+def diagonal_entries(
+    length: int,
+    diag: str | None,
+    *,
+    diag_p: float = 0.2,
+    diag_penalty: float = -0.1,
+    training: bool = False,
+    dropped: torch.Tensor | None = None,
+    pattern_shape: tuple[int, ...] = (),
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> float | torch.Tensor | None:
+    """The diagonal ``b_ii`` of a regularizer's logit bias (the bias is zero off the diagonal).
+
+    Args:
+        length: sequence length ``T`` (at least 1).
+        diag: one of :data:`DIAG_OPTIONS`.
+        diag_p: drop probability for ``"dropout"``, in ``[0, 1)``.
+        diag_penalty: finite constant for ``"penalty"``.
+        training: dropout draws a pattern only when ``True``.
+        dropped: an explicit boolean pattern ``[..., T]`` of dropped diagonal entries that
+            replaces the random draw (to freeze a pattern, for Jacobians and tests); honoured
+            in any mode, only allowed with ``diag="dropout"``.
+        pattern_shape: leading shape of a random draw, ``[*pattern_shape, T]``: ``()`` is one
+            pattern shared by every sequence and head (the paper's released code).
+        dtype, device: of a dropout pattern.
+
+    Returns:
+        ``None`` when there is nothing to add (``diag=None``; dropout in eval mode, with
+        ``diag_p = 0`` or ``T = 1``); the number ``-inf`` (mask) or ``diag_penalty`` (penalty),
+        the same on every diagonal entry; for dropout a float tensor ``[*pattern_shape, T]``
+        (or of ``dropped``'s shape) holding ``-inf`` where dropped and ``0`` elsewhere.
+
+    Raises:
+        ValueError: for an unknown ``diag``, ``diag_p`` outside ``[0, 1)``, a non-finite
+            ``diag_penalty``, a bad ``dropped`` pattern or one given with another ``diag``, and
+            for ``diag="mask"`` with ``T = 1`` (the softmax would have no key left: a NaN).
+    """
+    _check_diag_args(diag, diag_p, diag_penalty)
+    if not _is_int(length) or length < 1:
+        raise ValueError(f"length={length!r} must be a positive integer (the sequence length T).")
+    if dropped is not None and diag != "dropout":
+        raise ValueError(
+            f"dropped=... fixes a diagonal-dropout pattern, but diag={diag!r}; pass dropped only "
+            "with diag='dropout'."
+        )
+    if diag == "mask" and length < 2:
+        raise ValueError(
+            "diag='mask' on a sequence of length T=1 leaves no key to attend to (softmax over "
+            "an empty set, a NaN); use sequences with T >= 2, or diag=None, 'dropout' or "
+            "'penalty' (dropout never drops the only key)."
+        )
+    if diag is None:
+        return None
+    if diag in ("mask", "penalty"):
+        return float(diag_penalty) if diag == "penalty" else -math.inf
+    if dropped is None:
+        if not training or diag_p == 0.0 or length < 2:
+            return None  # eval mode; p = 0; or T = 1, where dropping the only key is undefined
+        dropped = torch.rand((*pattern_shape, int(length)), device=device) < diag_p
+    dropped = _check_dropped(dropped, int(length)).to(device=device)
+    return torch.zeros(dropped.shape, dtype=dtype, device=device).masked_fill_(dropped, -math.inf)
+
+
+def bias_from_diagonal(
+    entries: float | torch.Tensor | None,
+    length: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor | None:
+    """The bias ``b`` with diagonal ``entries`` (:func:`diagonal_entries`), zero elsewhere.
+
+    Returns ``None`` for ``None``, ``[T, T]`` for a number or a ``[T]`` pattern (it broadcasts
+    over batch and heads), ``[..., T, T]`` for a pattern ``[..., T]``.
+    """
+    if entries is None:
+        return None
+    if isinstance(entries, float):
+        return torch.zeros(length, length, dtype=dtype, device=device).fill_diagonal_(entries)
+    return torch.diag_embed(entries)
+
+
 def diagonal_bias(
     length: int,
     diag: str | None,
@@ -218,93 +192,20 @@ def diagonal_bias(
     diag_p: float = 0.2,
     diag_penalty: float = -0.1,
     training: bool = False,
-    shared: bool = True,
-    batch_shape: tuple[int, ...] = (),
-    n_heads: int = 1,
     dropped: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
-    cache: bool = False,
-    diagonal: bool = False,
 ) -> torch.Tensor | None:
-    """The additive bias ``b`` that a regularizer puts on the attention logits.
+    """The additive bias ``b`` that a regularizer puts on the logits of a sequence: ``[T, T]``.
 
-    Args:
-        length: sequence length ``T`` (at least 1).
-        diag: one of :data:`DIAG_OPTIONS`.
-        diag_p: drop probability for ``"dropout"``, in ``[0, 1)``.
-        diag_penalty: finite constant for ``"penalty"``.
-        training: dropout acts only when ``True``.
-        shared: for ``"dropout"``: ``True`` draws one pattern ``[T]`` shared by every sequence
-            of the batch and every head (what the paper's released code does); ``False`` draws
-            an independent pattern for every sequence and head, ``[*batch_shape, H, T]``.
-        batch_shape, n_heads: the pattern shape for independent dropout (and for checking
-            ``dropped``).
-        dropped: an explicit boolean pattern of dropped diagonal entries (``[T]`` or anything
-            broadcastable to ``[*batch_shape, H, T]``) that replaces the random draw; used to
-            freeze a pattern (for Jacobians and tests). Honoured in any mode. Only allowed with
-            ``diag="dropout"``.
-        generator: optional random generator for the dropout draw.
-        dtype, device: of the returned bias.
-        cache: return a cached tensor for the deterministic biases (``"mask"``, ``"penalty"``)
-            of sequences up to ``T = 256``; the caller must then never modify it in place.
-            :class:`TemporalAttention` uses this inside its forward pass.
-        diagonal: return only the diagonal ``b_ii`` (``[T]`` or ``[*pattern_shape, T]``; the
-            bias is zero everywhere else), never cached.
-
-    Returns:
-        ``None`` when there is nothing to add (``diag=None``; dropout in eval mode, with
-        ``diag_p = 0`` or with ``T = 1``), else a float tensor holding ``0`` off the diagonal
-        and ``diag_penalty`` or ``-inf`` on it: ``[T, T]`` for the mask, the penalty and a
-        shared dropout pattern (it broadcasts over batch and heads and is never expanded), and
-        ``[*pattern_shape, T, T]`` for independent or explicit patterns.
-
-    Raises:
-        ValueError: for an unknown ``diag``, ``diag_p`` outside ``[0, 1)``, a non-finite
-            ``diag_penalty``, a ``dropped`` pattern of the wrong shape or given with another
-            ``diag``, and for ``diag="mask"`` with ``T = 1`` (the only key would be masked, so
-            the softmax would have nothing to normalise: a NaN).
+    ``b_ij = 0`` for ``i != j``; the diagonal is :func:`diagonal_entries` (same arguments;
+    a random dropout pattern is one ``[T]`` pattern for all sequences and heads, as in the
+    paper's code). Returns ``None`` when there is nothing to add, ``[T, T]``, or
+    ``[..., T, T]`` for an explicit pattern ``dropped`` of shape ``[..., T]``.
     """
-    _check_diag_args(diag, diag_p, diag_penalty)
-    if not _is_int(length) or length < 1:
-        raise ValueError(f"length={length!r} must be a positive integer (the sequence length T).")
-    length = int(length)
-    if dropped is not None and diag != "dropout":
-        raise ValueError(
-            f"dropped=... fixes a diagonal-dropout pattern, but diag={diag!r}; pass dropped only "
-            "with diag='dropout'."
-        )
-    device = torch.device(device) if device is not None else None
-    if diag is None:
-        return None
-    if diag in ("penalty", "mask"):
-        if diag == "mask" and length < 2:
-            raise ValueError(
-                "diag='mask' on a sequence of length T=1 leaves no key to attend to (softmax over "
-                "an empty set, a NaN); use sequences with T >= 2, or diag=None, 'dropout' or "
-                "'penalty' (dropout never drops the only key)."
-            )
-        value = _constant_value(diag, diag_penalty)
-        if diagonal:
-            return torch.full((length,), value, dtype=dtype, device=device)
-        if cache and length <= _CACHE_MAX_T:
-            return _constant_bias(length, value, dtype, device)
-        return _constant_bias.__wrapped__(length, value, dtype, device)
-    # diag == "dropout"
-    if dropped is None:
-        if not training or diag_p == 0.0 or length < 2:
-            # eval mode; p = 0; or T = 1, where dropping the only key is undefined: nothing to do
-            return None
-        shape = (length,) if shared else (*batch_shape, n_heads, length)
-        draw_device = generator.device if generator is not None else device
-        dropped = torch.rand(shape, generator=generator, device=draw_device) < diag_p
-    else:
-        dropped = _check_dropped(dropped, length, tuple(batch_shape), n_heads)
-    values = torch.zeros(dropped.shape, dtype=dtype, device=device).masked_fill_(
-        dropped.to(device=device), float("-inf")
-    )
-    return values if diagonal else torch.diag_embed(values)  # b_ii only, or [..., T, T]
+    kw = dict(diag_p=diag_p, diag_penalty=diag_penalty, training=training, dropped=dropped)
+    entries = diagonal_entries(length, diag, dtype=dtype, device=device, **kw)
+    return bias_from_diagonal(entries, length, dtype, device)
 
 
 class TemporalAttention(nn.Module):
@@ -408,6 +309,32 @@ class TemporalAttention(nn.Module):
         z = z.transpose(-3, -2)
         return z.reshape(*z.shape[:-2], self.d_model)
 
+    def diagonal(
+        self, x: torch.Tensor, dropped: torch.Tensor | None = None
+    ) -> float | torch.Tensor | None:
+        """The regularizer's diagonal ``b_ii`` for ``x`` ``[..., T, C]`` (:func:`diagonal_entries`).
+
+        ``None``, a number (mask, penalty), or a dropout pattern: ``[T]`` (shared, or an
+        explicit ``[T]``), ``[..., H, T]`` (independent patterns, or an explicit ``dropped``
+        with more than one axis). In training mode with ``diag="dropout"`` every call draws.
+        """
+        lead, length = tuple(x.shape[:-2]), x.shape[-2]
+        if isinstance(dropped, torch.Tensor) and dropped.dim() > 1 and self.diag == "dropout":
+            target = (*lead, self.n_heads, length)
+            try:
+                fits = torch.broadcast_shapes(tuple(dropped.shape), target) == target
+            except RuntimeError:
+                fits = False
+            if not fits:
+                raise ValueError(
+                    f"dropped has shape {tuple(dropped.shape)}, which does not broadcast to the "
+                    f"pattern shape [..., H, T] = {list(target)}."
+                )
+        shape = () if self.diag_shared else (*lead, self.n_heads)  # of a random pattern
+        kw = dict(diag_p=self.diag_p, diag_penalty=self.diag_penalty, training=self.training)
+        kw.update(dropped=dropped, pattern_shape=shape, dtype=x.dtype, device=x.device)
+        return diagonal_entries(length, self.diag, **kw)
+
     def bias(self, x: torch.Tensor, dropped: torch.Tensor | None = None) -> torch.Tensor | None:
         """The regularizer's additive logit bias for input ``x`` ``[..., T, C]``.
 
@@ -416,26 +343,7 @@ class TemporalAttention(nn.Module):
         pattern with more than one axis). In training mode with ``diag="dropout"`` every
         call draws a new pattern.
         """
-        return self._bias(x, dropped, cache=False)
-
-    def _bias(
-        self, x: torch.Tensor, dropped: torch.Tensor | None, *, cache: bool, diagonal: bool = False
-    ) -> torch.Tensor | None:
-        return diagonal_bias(
-            x.shape[-2],
-            self.diag,
-            diag_p=self.diag_p,
-            diag_penalty=self.diag_penalty,
-            training=self.training,
-            shared=self.diag_shared,
-            batch_shape=tuple(x.shape[:-2]),
-            n_heads=self.n_heads,
-            dropped=dropped,
-            dtype=x.dtype,
-            device=x.device,
-            cache=cache,
-            diagonal=diagonal,
-        )
+        return bias_from_diagonal(self.diagonal(x, dropped), x.shape[-2], x.dtype, x.device)
 
     def _logits(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """``q k^T / sqrt(d_h) + b``: ``[..., T, C] -> [..., H, T, T]`` (``b`` broadcasts to the result)."""
@@ -455,7 +363,7 @@ class TemporalAttention(nn.Module):
         In training mode with ``diag="dropout"`` (and no ``dropped``), each call draws a
         new pattern.
         """
-        return self._logits(x, self._bias(x, dropped, cache=True))
+        return self._logits(x, self.bias(x, dropped))
 
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):
@@ -478,53 +386,6 @@ class TemporalAttention(nn.Module):
             )
         if not x.is_floating_point():
             raise ValueError(f"x has dtype {x.dtype}; pass floating-point input (e.g. x.float()).")
-
-    def _mix_fused(
-        self, h: torch.Tensor, dropped: torch.Tensor | None, p_drop: float
-    ) -> torch.Tensor:
-        """The fast path: ``Σ_j α_ij v_j`` via ``scaled_dot_product_attention``, heads merged: ``[..., T, C] -> [..., T, C]``.
-
-        The leading axes are flattened into one batch axis first (the fused CPU kernels
-        want 4-D input); a ``[T, T]`` bias broadcasts and is never expanded. Short
-        sequences on the CPU are packed ``G`` at a time into sequences of ``G·T`` steps
-        whose bias is ``-inf`` between different sequences (see :func:`pack_groups`): the
-        same function, computed faster, with or without a regularizer.
-        """
-        *lead, length, channels = h.shape
-        n_seq = math.prod(lead)
-        groups = pack_groups(n_seq, length, h.device, p_drop)
-        # G consecutive sequences end to end
-        hp = h.reshape(n_seq // groups, groups * length, channels)
-        q = self.split_heads(self.q_proj(hp))  # [n_seq / G, H, G·T, d_h]
-        k = self.split_heads(self.k_proj(hp))
-        v = self.split_heads(self.v_proj(hp))
-        if groups > 1:
-            b = self._packed_bias(h, dropped, groups)
-        else:
-            # [T, T], or [..., H, T, T] for per-sequence patterns
-            b = self._bias(h, dropped, cache=True)
-            if b is not None and b.dim() > 3:
-                b = b.expand(*lead, self.n_heads, length, length).reshape(
-                    n_seq, self.n_heads, length, length
-                )
-        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=b, dropout_p=p_drop)
-        return self.merge_heads(mixed).reshape(*lead, length, channels)
-
-    def _packed_bias(
-        self, h: torch.Tensor, dropped: torch.Tensor | None, groups: int
-    ) -> torch.Tensor:
-        """The bias of ``G`` sequences of ``h`` packed end to end (:func:`pack_diagonal_bias`); cached when constant."""
-        *lead, length, _ = h.shape
-        # None, [T], [H, T] or [..., H, T]
-        diagonal = self._bias(h, dropped, cache=False, diagonal=True)
-        if diagonal is None or self.diag in ("mask", "penalty"):  # the same in every forward pass
-            value = 0.0 if diagonal is None else _constant_value(self.diag, self.diag_penalty)
-            return _packed_constant(length, groups, value, h.dtype, h.device)
-        if diagonal.dim() > 2:
-            diagonal = diagonal.expand(*lead, self.n_heads, length).reshape(
-                -1, self.n_heads, length
-            )
-        return pack_diagonal_bias(diagonal, groups)
 
     # -- forward -------------------------------------------------------------------------------
     def forward(
@@ -553,18 +414,19 @@ class TemporalAttention(nn.Module):
         x = self.pos(x)
         h = self.norm(x) if self.norm_kind == "pre" else x
         p_drop = self.dropout if self.training else 0.0
+        b_ii = self.diagonal(h, dropped)  # the regularizer: None, a number, [T] or [..., H, T]
         attn = None
         # With attention dropout PyTorch has no fused CPU kernel: it would fall back to an unfused
         # computation that measured slower than the explicit one here (benchmarks/attention.py).
         if return_attention or (p_drop > 0.0 and h.device.type == "cpu"):
             h = h.contiguous()  # one copy of a strided input, shared by the three projections
-            # [..., H, T, T]
-            attn = torch.softmax(self._logits(h, self._bias(h, dropped, cache=True)), dim=-1)
+            b = bias_from_diagonal(b_ii, h.shape[-2], h.dtype, h.device)
+            attn = torch.softmax(self._logits(h, b), dim=-1)  # [..., H, T, T]
             v = self.split_heads(self.v_proj(h))  # [..., H, T, d_h]
             mixed = (F.dropout(attn, p_drop, training=True) if p_drop else attn) @ v
             out = self.out_proj(self.merge_heads(mixed))  # [..., T, C]
-        else:
-            out = self.out_proj(self._mix_fused(h, dropped, p_drop))
+        else:  # the same function by the fused kernel, short sequences packed (_packing.py)
+            out = self.out_proj(fused_attention(self, h, b_ii, p_drop))
         y = x + out if self.residual else out
         if self.norm_kind == "post":
             y = self.norm(y)

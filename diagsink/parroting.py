@@ -1,20 +1,9 @@
-"""A synthetic task where copying the present is tempting and wrong, and its small trainer.
+"""A task where copying the present is tempting and wrong: its models, trainer and measurements.
 
-**The data is synthetic.** Each sequence is a noisy periodic signal with period ``P``::
-
-    s_t = Σ_{k=1..K} (a_k cos(2π k t / P) + b_k sin(2π k t / P)) / k,   a_k, b_k ~ N(0, 1)
-    x_t = s_t + σ ε_t,                                                 ε_t ~ N(0, 1)
-
-with fresh coefficients and a random phase for every sequence. At step ``t`` the model
-must output the value the series showed one period before step ``t + 1``::
-
-    y_t = x_{t − P + 1}        (for t ≥ P − 1; earlier steps are not scored)
-
-which, for a periodic series, is the natural forecast of ``x_{t+1}``. The answer is
-sitting in the input, ``lag = P − 1`` steps back, so attention can fetch it exactly. The
-tempting shortcut is the present ``x_t``: neighbouring values of a smooth series are
-correlated (about 0.5 for the defaults), so copying (a shrunk) ``x_t`` through the residual
-connection lowers the error without any attention at all -- a *stochastic parrot*.
+The tasks themselves (:class:`ParrotTask`, a noisy periodic series whose answer lies
+``lag = P − 1`` steps back; :class:`SeasonalTask`, vector-valued steps that repeat one
+season back) are generated in :mod:`diagsink.parrot_tasks` and re-exported here, so the
+chapter needs this module only.
 
 The model is one :class:`~diagsink.attention.TemporalAttention` layer (one head,
 sinusoidal positional encoding) between an input map ``1 → C`` and a linear output map
@@ -23,16 +12,8 @@ linear by default; ``embedding="fourier"`` uses fixed random Fourier features of
 value instead (:class:`FourierFeatures`), so that two steps with nearly equal values
 get nearly equal vectors and "attend to the steps that look like me" can single out
 the step itself -- the design the chapter uses to look for an attention-weight sink.
-
-A third design, :class:`SeasonalTask`, gives every step a *vector* of ``D`` values (like
-a snapshot of many sensors) that repeats one season back with correlation ``ρ``::
-
-    x_t = ρ x_{t−ℓ} + sqrt(1 − ρ²) ε_t,   ε_t ~ N(0, I_D),   y_t = x_{t−ℓ}
-
-Random vectors in many dimensions are nearly orthogonal, so the step that looks most like
-``x_t`` is ``x_t`` itself: here the parrot can live in the attention weights.
-:class:`VectorParrotNet` is the same one-layer model with ``D`` inputs and outputs;
-:func:`train` and :func:`evaluate` accept either task.
+:class:`VectorParrotNet` is the same one-layer model with ``D`` inputs and outputs for
+:class:`SeasonalTask`; :func:`train_task` and :func:`evaluate` accept either task.
 
 Explained in the chapter "A task where parroting fails" (``book/parroting.ipynb``).
 Shapes: inputs ``[batch, T, 1]``, forecasts and targets ``[batch, T]``, attention
@@ -44,13 +25,22 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from .attention import TemporalAttention
+from .engine.loop import fit_epoch
 from .errors import ConfigError
+from .jacobian import decompose
+from .parrot_tasks import (
+    Batch,
+    ParrotTask,
+    SeasonalTask,
+    draw_batch,
+    make_batch,
+    make_seasonal_batch,
+)
 from .stats import attention_entropy, column_stripe_index, diagonal_mass, lag_mass, parroting_score
 from .variants import attention_kwargs, check_variant
 
@@ -66,7 +56,7 @@ __all__ = [
     "ParrotNet",
     "VectorParrotNet",
     "TrainResult",
-    "train",
+    "train_task",
     "Evaluation",
     "evaluate",
     "input_sensitivity",
@@ -75,141 +65,8 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class ParrotTask:
-    """The synthetic task's knobs.
-
-    Attributes:
-        period: ``P``; the target lies ``lag = P − 1`` steps back.
-        noise: ``σ``, standard deviation of the observation noise.
-        harmonics: ``K``, number of harmonics of the periodic pattern (amplitudes ``1/k``).
-    """
-
-    period: int = 8
-    noise: float = 0.3
-    harmonics: int = 2
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.period, int) and self.period >= 2):
-            raise ConfigError(f"period={self.period!r} must be an integer ≥ 2.")
-        if not (self.noise >= 0 and math.isfinite(self.noise)):
-            raise ConfigError(f"noise={self.noise!r} must be a finite number ≥ 0.")
-        if not (isinstance(self.harmonics, int) and 1 <= self.harmonics <= self.period // 2):
-            raise ConfigError(
-                f"harmonics={self.harmonics!r} must be an integer in [1, period // 2 = {self.period // 2}]."
-            )
-
-    @property
-    def lag(self) -> int:
-        """``P − 1``: how many steps back the answer lies."""
-        return self.period - 1
-
-
-class Batch(NamedTuple):
-    """One batch of the task, with four fields.
-
-    * ``inputs`` ``[n, T, 1]``: the observed series ``x``;
-    * ``target`` ``[n, T − lag]``: the targets ``y_t = x_{t−lag}`` for the scored steps ``t ≥ lag``;
-    * ``last`` ``[n, T − lag]``: the last observed value ``x_t`` at the scored steps (what a parrot copies);
-    * ``first``: ``lag``, the first scored step.
-
-    For :class:`SeasonalTask` every step carries ``D`` values: ``inputs`` ``[n, T, D]``,
-    ``target`` and ``last`` ``[n, T − lag, D]``.
-    """
-
-    inputs: torch.Tensor
-    target: torch.Tensor
-    last: torch.Tensor
-    first: int
-
-
-def make_batch(n: int, length: int, task: ParrotTask, generator: torch.Generator) -> Batch:
-    """Draw ``n`` sequences of length ``T = length`` (see the module docstring).
-
-    Raises:
-        ConfigError: ``length ≤ lag`` (no step could be scored).
-    """
-    if length <= task.lag:
-        raise ConfigError(
-            f"length T={length} must exceed lag = period − 1 = {task.lag} so that some step is scored."
-        )
-    phase0 = torch.randint(0, task.period, (n, 1), generator=generator)
-    angle = 2 * math.pi * (phase0 + torch.arange(length)[None]) / task.period  # [n, T]
-    signal = torch.zeros(n, length)
-    for k in range(1, task.harmonics + 1):
-        a = torch.randn(n, 1, generator=generator) / k
-        b = torch.randn(n, 1, generator=generator) / k
-        signal = signal + a * torch.cos(k * angle) + b * torch.sin(k * angle)
-    x = signal + task.noise * torch.randn(n, length, generator=generator)
-    lag = task.lag
-    return Batch(inputs=x[..., None], target=x[:, : length - lag], last=x[:, lag:], first=lag)
-
-
-@dataclass(frozen=True)
-class SeasonalTask:
-    """The third design's task: vector-valued steps that repeat one season back.
-
-    Attributes:
-        dim: ``D``, values per step.
-        season: ``ℓ``, the lag of the answer (and of the repetition).
-        rho: ``ρ``, correlation of each value with the value one season back; the
-            present ``x_t`` is correlated ``ρ`` with the answer ``x_{t−ℓ}``.
-    """
-
-    dim: int = 32
-    season: int = 7
-    rho: float = 0.8
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.dim, int) and self.dim >= 1):
-            raise ConfigError(f"dim={self.dim!r} must be an integer ≥ 1 (values per step).")
-        if not (isinstance(self.season, int) and self.season >= 1):
-            raise ConfigError(
-                f"season={self.season!r} must be an integer ≥ 1 (the lag of the answer)."
-            )
-        if not (0.0 <= self.rho < 1.0):
-            raise ConfigError(
-                f"rho={self.rho!r} must lie in [0, 1) (a correlation; 1 would copy without noise)."
-            )
-
-    @property
-    def lag(self) -> int:
-        """``ℓ``: how many steps back the answer lies."""
-        return self.season
-
-
-def make_seasonal_batch(
-    n: int, length: int, task: SeasonalTask, generator: torch.Generator
-) -> Batch:
-    """Draw ``n`` sequences of :class:`SeasonalTask`: inputs ``[n, T, D]``, target and last ``[n, T − ℓ, D]``.
-
-    The recursion ``x_t = ρ x_{t−ℓ} + sqrt(1 − ρ²) ε_t`` starts from ``ℓ`` standard normal
-    vectors and runs ``3ℓ`` burn-in steps before the window, so every ``x_t`` is standard
-    normal and ``corr(x_t, x_{t−kℓ}) = ρ^k``.
-
-    Raises:
-        ConfigError: ``length ≤ ℓ``.
-    """
-    lag = task.lag
-    if length <= lag:
-        raise ConfigError(
-            f"length T={length} must exceed the season ℓ = {lag} so that some step is scored."
-        )
-    burn = 3 * lag
-    x = torch.randn(n, length + burn, task.dim, generator=generator)
-    e = torch.randn(n, length + burn, task.dim, generator=generator)
-    scale = math.sqrt(1.0 - task.rho**2)
-    for t in range(lag, length + burn):
-        x[:, t] = task.rho * x[:, t - lag] + scale * e[:, t]
-    x = x[:, burn:]
-    return Batch(inputs=x, target=x[:, : length - lag], last=x[:, lag:], first=lag)
-
-
-def _draw(n: int, length: int, task, generator: torch.Generator) -> Batch:
-    if isinstance(task, SeasonalTask):
-        return make_seasonal_batch(n, length, task, generator)
-    return make_batch(n, length, task, generator)
-
+#: The default task of :func:`train_task` and :func:`evaluate` (a frozen dataclass, shared safely).
+_DEFAULT_TASK = ParrotTask()
 
 #: The input maps :class:`ParrotNet` knows: ``"linear"`` (``Linear(1 → C)``) and
 #: ``"fourier"`` (:class:`FourierFeatures`, then ``Linear(C → C)``).
@@ -314,7 +171,7 @@ class VectorParrotNet(nn.Module):
         return (pred, attn) if return_attention else pred
 
 
-#: The second design of the chapter, as keyword arguments of :func:`train`: Fourier
+#: The second design of the chapter, as keyword arguments of :func:`train_task`: Fourier
 #: features of the value (so that "a step that looks like me" can be expressed), no
 #: residual connection and no output projection (so that the present can reach the
 #: forecast through attention only), and a larger learning rate (sharp attention needs
@@ -329,7 +186,7 @@ SELF_MATCH: dict = {
 
 @dataclass
 class TrainResult:
-    """What :func:`train` returns: the model (eval mode; :class:`ParrotNet` or :class:`VectorParrotNet`), the loss per step, the wall time."""
+    """What :func:`train_task` returns: the model (eval mode; :class:`ParrotNet` or :class:`VectorParrotNet`), the loss per step, the wall time."""
 
     model: nn.Module
     losses: list[float]
@@ -339,11 +196,11 @@ class TrainResult:
     seed: int
 
 
-def train(
+def train_task(
     length: int,
     variant: str = "none",
     *,
-    task: ParrotTask | SeasonalTask = ParrotTask(),
+    task: ParrotTask | SeasonalTask = _DEFAULT_TASK,
     steps: int = 400,
     batch: int = 64,
     lr: float = 3e-3,
@@ -388,14 +245,17 @@ def train(
             model = ParrotNet(d_model, embedding=embedding, **layer_kwargs)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         model.train()
-        for _ in range(steps):
-            b = _draw(batch, length, task, gen)
-            pred = model(b.inputs)[:, b.first :]
-            loss = torch.mean((pred - b.target) ** 2)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        batches = (
+            (b.inputs, b) for b in (draw_batch(batch, length, task, gen) for _ in range(steps))
+        )
+        # the book's one training loop (diagsink.engine.loop): the loss is on the scored steps
+        fit_epoch(
+            model,
+            opt,
+            batches,
+            lambda pred, b: torch.mean((pred[:, b.first :] - b.target) ** 2),
+            on_step=lambda loss: losses.append(float(loss)),
+        )
     model.eval()
     return TrainResult(model, losses, time.perf_counter() - start, length, variant, seed)
 
@@ -438,7 +298,7 @@ def evaluate(
     model: nn.Module,
     length: int,
     *,
-    task: ParrotTask | SeasonalTask = ParrotTask(),
+    task: ParrotTask | SeasonalTask = _DEFAULT_TASK,
     n: int = 256,
     seed: int = 12345,
     variant: str = "",
@@ -449,7 +309,7 @@ def evaluate(
     penalty act as in training.
     """
     model.eval()
-    b = _draw(n, length, task, torch.Generator().manual_seed(seed))
+    b = draw_batch(n, length, task, torch.Generator().manual_seed(seed))
     pred, attn = model(b.inputs, return_attention=True)  # [n, T], [n, H, T, T]
     pred = pred[:, b.first :]
     c = float((b.last * b.target).sum() / (b.last * b.last).sum())
@@ -500,8 +360,6 @@ def path_sensitivity(model: ParrotNet, x: torch.Tensor) -> dict[str, torch.Tenso
         ``{"residual", "value", "key", "query"}`` -> ``[T, T]``; they sum to
         :func:`input_sensitivity` (the bias terms do not depend on ``x``).
     """
-    from .jacobian import decompose  # the Jacobian chapter's module
-
     x = x.reshape(-1, 1).detach().to(next(model.parameters()).dtype)
     with torch.no_grad():
         # u = inp(x) [T, C] and its step-wise derivative du_j/dx_j [T, C] (forward mode)
@@ -524,8 +382,6 @@ def path_block_norms(model: VectorParrotNet, x: torch.Tensor) -> dict[str, torch
         ``{"residual", "value", "key", "query", "total"}`` -> ``[T, T]`` (rows = forecast
         step, columns = input step).
     """
-    from .jacobian import decompose
-
     x = x.detach().to(next(model.parameters()).dtype)
     with torch.no_grad():
         paths = decompose(model.attn, model.inp(x))  # [T, C, T, C] each

@@ -337,17 +337,17 @@ CPU = torch.device("cpu")
 
 
 def test_pack_groups_is_the_largest_divisor_that_fits():
-    P = ds.attention.PACK_LENGTH
+    P = ds._packing.PACK_LENGTH
     for n_seq in range(1, 50):
         for T in range(1, P + 2):
-            G = ds.attention.pack_groups(n_seq, T, CPU)
+            G = ds._packing.pack_groups(n_seq, T, CPU)
             fits = (
                 [g for g in range(1, n_seq + 1) if n_seq % g == 0 and g * T <= P]
                 if 2 * T <= P
                 else []
             )
             assert G == max(fits, default=1), (n_seq, T, G)
-    assert ds.attention.pack_groups(828, 12, CPU) == 2  # METR-LA-like: 4 x 207 sequences of T = 12
+    assert ds._packing.pack_groups(828, 12, CPU) == 2  # METR-LA-like: 4 x 207 sequences of T = 12
 
 
 @pytest.mark.parametrize("why", ["attention dropout", "not the CPU", "long sequences"])
@@ -355,14 +355,14 @@ def test_pack_groups_declines(why):
     args = {
         "attention dropout": (828, 12, CPU, 0.1),
         "not the CPU": (828, 12, torch.device("meta"), 0.0),
-        "long sequences": (828, ds.attention.PACK_LENGTH // 2 + 1, CPU, 0.0),
+        "long sequences": (828, ds._packing.PACK_LENGTH // 2 + 1, CPU, 0.0),
     }[why]
-    assert ds.attention.pack_groups(*args) == 1
+    assert ds._packing.pack_groups(*args) == 1
 
 
 def test_pack_diagonal_bias_known_answer():
     inf = float("-inf")
-    got = ds.attention.pack_diagonal_bias(torch.tensor([1.0, 2.0]), 2)
+    got = ds._packing.pack_diagonal_bias(torch.tensor([1.0, 2.0]), 2)
     want = torch.tensor(
         [[1.0, 0, inf, inf], [0, 2.0, inf, inf], [inf, inf, 1.0, 0], [inf, inf, 0, 2.0]]
     )
@@ -372,17 +372,17 @@ def test_pack_diagonal_bias_known_answer():
 def test_pack_diagonal_bias_per_head_and_per_sequence():
     T, G, H = 3, 2, 2
     per_head = torch.randn(H, T)
-    got = ds.attention.pack_diagonal_bias(per_head, G)  # [H, G T, G T]
+    got = ds._packing.pack_diagonal_bias(per_head, G)  # [H, G T, G T]
     assert got.shape == (H, G * T, G * T)
     for h in range(H):
-        torch.testing.assert_close(got[h], ds.attention.pack_diagonal_bias(per_head[h], G))
+        torch.testing.assert_close(got[h], ds._packing.pack_diagonal_bias(per_head[h], G))
     # 4 sequences -> 2 packs; sequence s*G + g is part g of pack s
     per_sequence = torch.randn(4, H, T)
-    got = ds.attention.pack_diagonal_bias(per_sequence, G)
+    got = ds._packing.pack_diagonal_bias(per_sequence, G)
     assert got.shape == (2, H, G * T, G * T)
     for s in range(2):
         for h in range(H):
-            want = ds.attention.pack_diagonal_bias(torch.zeros(T), G)
+            want = ds._packing.pack_diagonal_bias(torch.zeros(T), G)
             want = want + torch.diag(torch.cat([per_sequence[s * G + g, h] for g in range(G)]))
             assert torch.equal(got[s, h], want)
 
@@ -391,7 +391,7 @@ def test_pack_diagonal_bias_per_head_and_per_sequence():
 def test_packed_fast_path_equals_unpacked_with_gradients(diag, pattern, monkeypatch):
     torch.manual_seed(5)
     B, N, T, C, H = 2, 4, 6, 8, 2
-    assert ds.attention.pack_groups(B * N, T, CPU) == 4  # this test packs 4 sequences of 6 steps
+    assert ds._packing.pack_groups(B * N, T, CPU) == 4  # this test packs 4 sequences of 6 steps
     layer = _layer(c=C, h=H, diag=diag, diag_p=0.4).train()
     x = torch.randn(B, N, T, C, dtype=torch.float64, requires_grad=True)
     dropped = {
@@ -408,8 +408,8 @@ def test_packed_fast_path_equals_unpacked_with_gradients(diag, pattern, monkeypa
         return (y, *torch.autograd.grad(y.sin().sum(), [x, *layer.parameters()]))
 
     packed = run()
-    monkeypatch.setattr(ds.attention, "PACK_LENGTH", 1)  # no packing
-    assert ds.attention.pack_groups(B * N, T, CPU) == 1
+    monkeypatch.setattr(ds._packing, "PACK_LENGTH", 1)  # no packing
+    assert ds._packing.pack_groups(B * N, T, CPU) == 1
     unpacked = run()
     for a, b in zip(packed, unpacked):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
@@ -417,7 +417,7 @@ def test_packed_fast_path_equals_unpacked_with_gradients(diag, pattern, monkeypa
 
 def test_the_path_tests_above_pack():
     """test_fast_path_equals_explicit_path (2 x 3 sequences of T = 10) runs on the packed path."""
-    assert ds.attention.pack_groups(2 * 3, 10, CPU) > 1
+    assert ds._packing.pack_groups(2 * 3, 10, CPU) > 1
 
 
 # --------------------------------------------------------------- against torch.nn.MultiheadAttention

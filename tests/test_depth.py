@@ -15,6 +15,7 @@ from torch import nn
 
 from diagsink import depth as D
 from diagsink import jacobian as J
+from diagsink import toy
 from diagsink.errors import ConfigError
 
 TOL = dict(rtol=0.0, atol=1e-10)
@@ -60,7 +61,7 @@ def _stack(seed: int, C: int, L: int, post_norm: bool) -> list[nn.Module]:
     layers: list[nn.Module] = []
     for ell in range(L):
         kw = dict(n_heads=[1, 2][(seed + ell) % 2], qk_scale=[0.5, 1.0, 2.0][(seed + ell) % 3])
-        layers.append(J.init_layer(C, seed=100 * seed + ell, **kw))
+        layers.append(toy.init_layer(C, seed=100 * seed + ell, **kw))
         if post_norm:
             layers.append(_layernorm(C, seed=100 * seed + ell))
     return layers
@@ -82,9 +83,9 @@ def test_network_jacobian_leading_layernorm_and_regularizers():
     C, T = 8, 6
     layers = [
         _layernorm(C, 1),
-        J.init_layer(C, 2, seed=3, diag="penalty", diag_penalty=-0.3),
+        toy.init_layer(C, 2, seed=3, diag="penalty", diag_penalty=-0.3),
         _layernorm(C, 2),
-        J.init_layer(C, 1, seed=4, diag="mask"),
+        toy.init_layer(C, 1, seed=4, diag="mask"),
     ]
     x = torch.randn(T, C, dtype=f64)
     torch.testing.assert_close(D.network_jacobian(layers, x), _autograd(layers, x), **TOL)
@@ -112,11 +113,11 @@ def test_network_jacobian_bad_input():
 )
 def test_diag_lower_bound_holds_and_is_positive(T, C, s, seed):
     """Small q/k scale: ℓ > 0 is guaranteed (not vacuous) and σ_min(∂y_i/∂x_i) ≥ ℓ for all i."""
-    layer = J.init_layer(C, 1, qk_scale=s, seed=seed)
+    layer = toy.init_layer(C, 1, qk_scale=s, seed=seed)
     with torch.no_grad():  # ν ≤ 1/4 so that the value term leaves room for ℓ > 0
         layer.v_proj.weight.mul_(0.25 / torch.linalg.matrix_norm(layer.v_proj.weight, ord=2))
         layer.out_proj.weight.div_(torch.linalg.matrix_norm(layer.out_proj.weight, ord=2))
-    x = J.sphere_inputs(T, C, torch.Generator().manual_seed(seed))
+    x = toy.sphere_inputs(T, C, torch.Generator().manual_seed(seed))
     b = J.bound(layer, x)
     assert b.diag_lower > 0.1, b.diag  # the example is informative
     jac = J.total(J.decompose(layer, x)).permute(0, 2, 1, 3)
@@ -133,10 +134,10 @@ def test_bound_constants_do_not_depend_on_T():
     ceiling (the spread D approaches 2R), so the ceiling is not loose.
     """
     C = 16
-    layer = J.init_layer(C, 1, seed=0)
+    layer = toy.init_layer(C, 1, seed=0)
     R = math.sqrt(C)
     for T in (8, 64, 512):
-        x = J.sphere_inputs(T, C, torch.Generator().manual_seed(T))
+        x = toy.sphere_inputs(T, C, torch.Generator().manual_seed(T))
         k = J.bound(layer, x).constants
         nu, kap, _rho, Q = k["nu"][0], k["kappa"][0], k["rho"][0], k["Q"][0]
         assert k["R"] == pytest.approx(R)  # Q = ρR + ‖b_Q‖ is then T-free as well
@@ -150,9 +151,9 @@ def test_bound_constants_do_not_depend_on_T():
 
 def test_sweep_labels_subset_maximum():
     """sensitivity_vs_length says where its maximum is over a row subset (T > max_rows)."""
-    sweep = J.sensitivity_vs_length([4, 12], n_samples=1, max_rows=6)
+    sweep = toy.sensitivity_vs_length([4, 12], n_samples=1, max_rows=6)
     assert sweep.max_exact == [True, False]
-    full = J.sensitivity_vs_length([4, 12], n_samples=1, max_rows=None)
+    full = toy.sensitivity_vs_length([4, 12], n_samples=1, max_rows=None)
     assert full.max_exact == [True, True]
     # a subset maximum never exceeds the exact one (same layer and inputs: same seed)
     assert sweep.max["off"]["total"][1] <= full.max["off"]["total"][1] + 1e-12

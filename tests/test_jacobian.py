@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import diagsink as ds
 from diagsink import jacobian as J
+from diagsink import toy
 
 TOL = dict(rtol=0.0, atol=1e-10)
 LENGTHS = [1, 2, 5, 12, 64]
@@ -230,8 +231,8 @@ def test_measured_norms_never_exceed_the_bounds(seed, T, heads, diag, residual, 
 def test_sweep_small_weights_gives_one_over_T_off_diagonal_and_flat_diagonal():
     """Near-uniform attention (W_Q, W_K scaled by 0.1: logits within about ±0.05)."""
     lengths = [4, 8, 16, 32, 64, 128]
-    sweep = J.sensitivity_vs_length(
-        lengths, layer_factory=lambda s: J.init_layer(qk_scale=0.1, seed=s), n_samples=2, seed=0
+    sweep = toy.sensitivity_vs_length(
+        lengths, layer_factory=lambda s: toy.init_layer(qk_scale=0.1, seed=s), n_samples=2, seed=0
     )
     assert -1.15 <= sweep.slope["off"]["total"] <= -0.85, sweep.slope
     assert -1.15 <= sweep.slope["off"]["value"] <= -0.85, sweep.slope
@@ -246,8 +247,8 @@ def test_sweep_small_weights_gives_one_over_T_off_diagonal_and_flat_diagonal():
 def test_sweep_sharp_attention_breaks_the_per_entry_law():
     """With W_Q, W_K scaled by 3 the largest off-diagonal block stops falling like 1/T."""
     lengths = [4, 16, 64]
-    sweep = J.sensitivity_vs_length(
-        lengths, layer_factory=lambda s: J.init_layer(qk_scale=3.0, seed=s), n_samples=2, seed=0
+    sweep = toy.sensitivity_vs_length(
+        lengths, layer_factory=lambda s: toy.init_layer(qk_scale=3.0, seed=s), n_samples=2, seed=0
     )
     assert sweep.max_slope["off"]["total"] > -0.5, sweep.max_slope
     assert sweep.slope["off"]["value"] < -0.85, sweep.slope  # the mean still falls like 1/T
@@ -255,21 +256,21 @@ def test_sweep_sharp_attention_breaks_the_per_entry_law():
 
 def test_sweep_rejects_bad_arguments():
     with pytest.raises(ValueError, match="T must be"):
-        J.sensitivity_vs_length([1, 4])
+        toy.sensitivity_vs_length([1, 4])
     with pytest.raises(ValueError, match="either layer"):
-        J.sensitivity_vs_length([4], layer=J.init_layer(), layer_factory=J.init_layer)
+        toy.sensitivity_vs_length([4], layer=toy.init_layer(), layer_factory=toy.init_layer)
     with pytest.raises(ValueError, match="inputs="):
-        J.sensitivity_vs_length([4], inputs="uniform")
+        toy.sensitivity_vs_length([4], inputs="uniform")
 
 
 def test_loglog_slope_recovers_a_power_law():
     lengths = [4, 8, 16, 32]
-    assert J.loglog_slope(lengths, [3.0 * t**-0.7 for t in lengths]) == pytest.approx(-0.7)
-    assert math.isnan(J.loglog_slope(lengths, [1.0, 0.0, 1.0, 1.0]))
+    assert toy.loglog_slope(lengths, [3.0 * t**-0.7 for t in lengths]) == pytest.approx(-0.7)
+    assert math.isnan(toy.loglog_slope(lengths, [1.0, 0.0, 1.0, 1.0]))
 
 
 def test_train_toy_layer_learns():
-    layer, losses = J.train_toy_layer(steps=60, d_model=8)
+    layer, losses = toy.train_toy_layer(steps=60, d_model=8)
     assert sum(losses[-10:]) / 10 < 0.6 * sum(losses[:10]) / 10
     assert not layer.training and next(layer.parameters()).dtype == torch.float64
 
@@ -392,13 +393,15 @@ def test_exercise_labels_are_registered():
 
 
 def test_sweep_row_subsampling_estimates_the_full_mean():
-    factory = lambda s: J.init_layer(8, 1, qk_scale=0.1, seed=s)  # noqa: E731
-    full = J.sensitivity_vs_length([40], layer_factory=factory, n_samples=1, max_rows=None, seed=3)
-    sub = J.sensitivity_vs_length([40], layer_factory=factory, n_samples=1, max_rows=10, seed=3)
+    factory = lambda s: toy.init_layer(8, 1, qk_scale=0.1, seed=s)  # noqa: E731
+    full = toy.sensitivity_vs_length(
+        [40], layer_factory=factory, n_samples=1, max_rows=None, seed=3
+    )
+    sub = toy.sensitivity_vs_length([40], layer_factory=factory, n_samples=1, max_rows=10, seed=3)
     for kind in ("off", "diag"):
         assert sub.mean[kind]["total"][0] == pytest.approx(full.mean[kind]["total"][0], rel=0.1)
-    fro = J.sensitivity_vs_length([8], layer_factory=factory, n_samples=1, norm="fro", seed=3)
-    spectral = J.sensitivity_vs_length([8], layer_factory=factory, n_samples=1, seed=3)
+    fro = toy.sensitivity_vs_length([8], layer_factory=factory, n_samples=1, norm="fro", seed=3)
+    spectral = toy.sensitivity_vs_length([8], layer_factory=factory, n_samples=1, seed=3)
     assert fro.mean["diag"]["residual"][0] == pytest.approx(math.sqrt(8))  # ‖I‖_F = sqrt(C)
     assert fro.mean["off"]["total"][0] >= spectral.mean["off"]["total"][0]
 

@@ -35,20 +35,20 @@ def test_bad_configuration_raises():
     with pytest.raises(ValueError, match="harmonics"):
         pr.ParrotTask(period=4, harmonics=3)
     with pytest.raises(ds.ConfigError, match="variant"):
-        pr.train(12, "nope", steps=1)
+        pr.train_task(12, "nope", steps=1)
 
 
 def test_training_is_reproducible_and_leaves_the_global_rng_alone():
     state = torch.random.get_rng_state()
-    a = pr.train(12, "dropout", steps=5)
+    a = pr.train_task(12, "dropout", steps=5)
     assert torch.equal(state, torch.random.get_rng_state())
-    b = pr.train(12, "dropout", steps=5)
+    b = pr.train_task(12, "dropout", steps=5)
     assert a.losses == b.losses
     assert not a.model.training
 
 
 def test_evaluation_numbers_are_consistent():
-    res = pr.train(12, steps=3)
+    res = pr.train_task(12, steps=3)
     ev = pr.evaluate(res.model, 12, n=32)
     assert ev.attention.shape == (12, 12)
     assert ev.uniform == pytest.approx(1 / 12)
@@ -57,8 +57,8 @@ def test_evaluation_numbers_are_consistent():
 
 
 def test_short_sequences_find_the_lag_long_ones_parrot():
-    short = pr.train(12, seed=0)
-    long = pr.train(48, seed=0)
+    short = pr.train_task(12, seed=0)
+    long = pr.train_task(48, seed=0)
     es, el = pr.evaluate(short.model, 12), pr.evaluate(long.model, 48)
     assert es.mse < 0.5 * es.mse_parrot and es.lag_mass > 3 * es.uniform
     assert el.parroting > es.parroting + 0.2
@@ -66,7 +66,7 @@ def test_short_sequences_find_the_lag_long_ones_parrot():
 
 
 def test_path_sensitivity_sums_to_autograd():
-    res = pr.train(10, steps=20)
+    res = pr.train_task(10, steps=20)
     x = pr.make_batch(1, 10, pr.ParrotTask(), torch.Generator().manual_seed(3)).inputs[0]
     paths = pr.path_sensitivity(res.model, x)
     assert set(paths) == {"residual", "value", "key", "query"}
@@ -97,7 +97,7 @@ def test_self_match_design_builds_the_layer_it_promises():
         pr.ParrotNet(16, embedding="mlp")
     with pytest.raises(ds.ConfigError, match="even"):
         pr.FourierFeatures(15)
-    res = pr.train(
+    res = pr.train_task(
         12,
         "penalty",
         steps=2,
@@ -110,7 +110,7 @@ def test_self_match_design_builds_the_layer_it_promises():
 
 
 def test_path_sensitivity_sums_to_autograd_with_fourier_features():
-    res = pr.train(10, "mask", steps=20, **pr.SELF_MATCH)
+    res = pr.train_task(10, "mask", steps=20, **pr.SELF_MATCH)
     x = pr.make_batch(1, 10, pr.ParrotTask(), torch.Generator().manual_seed(5)).inputs[0]
     paths = pr.path_sensitivity(res.model, x)
     torch.testing.assert_close(
@@ -189,18 +189,18 @@ def test_seasonal_batch_has_the_promised_correlations():
 
 def test_train_and_evaluate_accept_the_seasonal_task():
     task = pr.SeasonalTask(dim=6, season=3)
-    res = pr.train(10, "mask", task=task, steps=3, batch=4, d_model=8)
+    res = pr.train_task(10, "mask", task=task, steps=3, batch=4, d_model=8)
     assert isinstance(res.model, pr.VectorParrotNet) and res.model.attn.diag == "mask"
     ev = pr.evaluate(res.model, 10, task=task, n=16)
     assert ev.attention.shape == (10, 10) and ev.diag_mass == 0.0
     assert ev.mse_parrot < ev.mse_zero  # the shrunk copy of the present beats predicting 0
     with pytest.raises(ds.ConfigError, match="embedding"):
-        pr.train(10, task=task, steps=1, embedding="fourier")
+        pr.train_task(10, task=task, steps=1, embedding="fourier")
 
 
 def test_path_block_norms_total_matches_autograd():
     task = pr.SeasonalTask(dim=5, season=2)
-    res = pr.train(8, "penalty", task=task, steps=5, batch=4, d_model=8)
+    res = pr.train_task(8, "penalty", task=task, steps=5, batch=4, d_model=8)
     x = pr.make_seasonal_batch(1, 8, task, torch.Generator().manual_seed(1)).inputs[0]
     norms = pr.path_block_norms(res.model, x)
     J = torch.func.jacrev(lambda inp: res.model(inp))(x)  # [T, D, T, D]
@@ -216,6 +216,6 @@ def test_seasonal_task_attention_collapses_onto_the_diagonal_as_T_grows():
     kw = dict(task=task, steps=300, batch=32, d_model=32)
     diag = {}
     for T in (16, 64):
-        ev = pr.evaluate(pr.train(T, **kw).model, T, task=task, n=64)
+        ev = pr.evaluate(pr.train_task(T, **kw).model, T, task=task, n=64)
         diag[T] = float(ev.attention.diagonal()[task.lag :].mean())  # scored rows only
     assert diag[64] > 10 * max(diag[16], 1e-3) and diag[64] > 4 / 64

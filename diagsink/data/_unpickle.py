@@ -18,6 +18,7 @@ from ..errors import DataError
 
 __all__ = ["RestrictedUnpickler", "restricted_pytables"]
 
+
 class RestrictedUnpickler(pickle.Unpickler):
     """An unpickler that admits only what a pickled numpy array needs.
 

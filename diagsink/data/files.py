@@ -8,7 +8,6 @@ pieces together. The data folder (``root``) holds the files in the layout DCRNN 
 from __future__ import annotations
 
 import io
-import warnings
 from pathlib import Path
 
 import numpy as np

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 __all__ = [
     "register",
     "check",
@@ -136,8 +138,6 @@ def fresh_generator() -> Any:
     answer cannot pass) and the global RNG of the student's notebook is not touched.
     The seed is available as ``generator.initial_seed()`` for a reproducible hint.
     """
-    import torch
-
     gen = torch.Generator()
     gen.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
     return gen
@@ -172,8 +172,6 @@ def compare_tensors(
         name: how the hint calls this value, e.g. ``"the attention weights"``.
         atol, rtol: tolerances as in :func:`torch.testing.assert_close`.
     """
-    import torch
-
     if not isinstance(got, torch.Tensor):
         return f"{name} should be a torch.Tensor, but your function returned {type(got).__name__}."
     if got.is_complex() != expected.is_complex() or (

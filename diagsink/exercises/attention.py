@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..attention import pack_diagonal_bias
+from .._packing import pack_diagonal_bias
 from ..positional import sinusoidal_table, tape_table
 from . import compare_tensors, fresh_generator, register
 

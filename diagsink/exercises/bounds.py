@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..jacobian import bound
 from . import compare_tensors, fresh_generator, register
 from .jacobian import one_head_layer
 
@@ -62,8 +63,6 @@ def check_alpha_bound(alpha_bound: Callable[[torch.Tensor], torch.Tensor]) -> st
 @register("ex-bounds-offdiag")
 def check_offdiag_bound(offdiag_bound: Callable[..., float]) -> str | None:
     """Fresh inputs and weights; compare with ``ds.jacobian.bound(...).off["total"]``."""
-    from ..jacobian import bound
-
     gen = fresh_generator()
     T = int(torch.randint(4, 10, (1,), generator=gen))
     C = int(torch.randint(2, 5, (1,), generator=gen))

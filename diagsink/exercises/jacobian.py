@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from ..attention import TemporalAttention
+from ..jacobian import decompose
 from . import compare_tensors, fresh_generator, register
 
 
@@ -60,8 +61,6 @@ def check_softmax_jacobian(softmax_jacobian: Callable[[torch.Tensor], torch.Tens
 @register("ex-jacobian-query")
 def check_query_blocks(query_blocks: Callable[..., torch.Tensor]) -> str | None:
     """Fresh one-head layers; compare with the diagonal blocks of the package's query path."""
-    from ..jacobian import decompose
-
     gen = fresh_generator()
     x, W_Q, W_K, W_V = _problem(gen)
     T = x.shape[0]
@@ -95,8 +94,6 @@ def check_query_blocks(query_blocks: Callable[..., torch.Tensor]) -> str | None:
 @register("ex-jacobian-key")
 def check_key_path(key_path: Callable[..., torch.Tensor]) -> str | None:
     """Fresh one-head layers; compare with the package's key path."""
-    from ..jacobian import decompose
-
     gen = fresh_generator()
     x, W_Q, W_K, W_V = _problem(gen)
     T, C = x.shape
