@@ -9,6 +9,7 @@ Chapter modules (``ds.<name>``):
 * :mod:`diagsink.attention`   :class:`TemporalAttention` and the diagonal regularizers (attention chapter)
 * :mod:`diagsink.positional`  sinusoidal, tAPE and learned positional encodings (attention chapter)
 * :mod:`diagsink.jacobian`    the layer's Jacobian, its four paths and their bounds (Jacobian, bounds)
+* :mod:`diagsink.coupling`    the query path is bounded by the logit spread (bounds chapter)
 * :mod:`diagsink.depth`       Jacobians of stacks of layers and LayerNorm (Jacobian chapter)
 * :mod:`diagsink.toy`         toy layers, their inputs and sweeps over T (Jacobian, bounds, scaling)
 * :mod:`diagsink.parroting`   the parroting task and its measurements (parroting chapter;
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 
 from . import (  # noqa: E402  (the submodules read __version__)
     attention,
+    coupling,
     data,
     depth,
     engine,
@@ -67,6 +69,7 @@ from .runtime import Settings, pick, settings  # noqa: E402
 __all__ = [
     "__version__",
     "attention",
+    "coupling",
     "data",
     "depth",
     "engine",

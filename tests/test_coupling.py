@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from diagsink import coupling as CP
 from diagsink import jacobian as J
+from diagsink import toy
 from diagsink.attention import TemporalAttention
 from diagsink.errors import ConfigError
 
@@ -33,9 +34,9 @@ def test_coupling_inequality_on_random_layers(T, shape, scale, bias, diag, input
     kw = {"diag": diag, "bias": bias}
     if diag == "penalty":
         kw["diag_penalty"] = -0.5
-    layer = J.init_layer(C, H, qk_scale=scale, seed=seed, **kw)
+    layer = toy.init_layer(C, H, qk_scale=scale, seed=seed, **kw)
     gen = torch.Generator().manual_seed(seed)
-    x = (J.sphere_inputs if inputs == "sphere" else J.gaussian_inputs)(T, C, gen)
+    x = (toy.sphere_inputs if inputs == "sphere" else toy.gaussian_inputs)(T, C, gen)
     norms = CP.head_query_norms(layer, x)  # [H, T]
     cb = CP.coupling_bounds(layer, x)
     for h in range(H):
@@ -49,8 +50,8 @@ def test_coupling_inequality_on_random_layers(T, shape, scale, bias, diag, input
 
 @pytest.mark.parametrize("T,C,H", [(5, 8, 1), (7, 12, 3)])
 def test_head_blocks_sum_to_the_packaged_query_path(T, C, H):
-    layer = J.init_layer(C, H, seed=3, diag="penalty", diag_penalty=-0.3)
-    x = J.gaussian_inputs(T, C, torch.Generator().manual_seed(1))
+    layer = toy.init_layer(C, H, seed=3, diag="penalty", diag_penalty=-0.3)
+    x = toy.gaussian_inputs(T, C, torch.Generator().manual_seed(1))
     mine = CP.head_query_blocks(layer, x).sum(0)  # [T, C, C]
     ref = J.decompose(layer, x)["query"]
     idx = torch.arange(T)
@@ -97,10 +98,10 @@ def test_constant_one_over_sqrt2_is_attained_by_the_theorem_bound():
 def test_coupling_constant_does_not_depend_on_T():
     # without biases the ratio (query bound) / (ν Δ̂ / 2) equals D / (2R) exactly: it depends on
     # the shape of the input set only, never on T, and is ≤ 1 for every T (D ≤ 2R)
-    layer = J.init_layer(16, 1, seed=0, bias=False)
+    layer = toy.init_layer(16, 1, seed=0, bias=False)
     gen = torch.Generator().manual_seed(0)
     for T in (2, 16, 128, 512):
-        x = J.sphere_inputs(T, 16, gen)
+        x = toy.sphere_inputs(T, 16, gen)
         cb = CP.coupling_bounds(layer, x)
         c = J.bound(layer, x).constants
         ratio = cb.popoviciu[0] / cb.half_spread[0]
