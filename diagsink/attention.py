@@ -20,12 +20,12 @@ Explained in the chapter "Attention over time, step by step" (``book/attention.i
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checks import is_int, is_real
 from ._packing import fused_attention
 from .errors import ConfigError
 from .positional import PositionalEncoding
@@ -35,6 +35,7 @@ __all__ = [
     "diagonal_bias",
     "diagonal_entries",
     "bias_from_diagonal",
+    "penalized_diagonal",
     "DIAG_OPTIONS",
     "NORM_OPTIONS",
 ]
@@ -45,14 +46,15 @@ DIAG_OPTIONS = (None, "mask", "dropout", "penalty")
 NORM_OPTIONS = (None, "post", "pre")
 
 
-def _is_int(value: object) -> bool:
-    """An integer (Python or NumPy), but not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def penalized_diagonal(alpha, penalty: float):
+    """A row's self-weight after the penalty ``c`` is added to its diagonal logit alone.
 
-
-def _is_real(value: object) -> bool:
-    """A real number (Python or NumPy), but not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    The other logits unchanged, ``α_ii`` becomes ``α_ii e^c / (α_ii e^c + 1 − α_ii)``; for a
+    uniform row (``α_ii = 1/T``) that is ``e^c / (e^c + T − 1)``. Works on floats and tensors
+    (element-wise). Attention chapter, section on the penalty; used by the heatmaps chapter.
+    """
+    scaled = alpha * math.exp(penalty)
+    return scaled / (scaled + 1 - alpha)
 
 
 def _check_diag_args(diag: str | None, diag_p: float, diag_penalty: float) -> None:
@@ -62,12 +64,12 @@ def _check_diag_args(diag: str | None, diag_p: float, diag_penalty: float) -> No
             f"diag={diag!r} is not known; choose one of {DIAG_OPTIONS} "
             "(None: no regularizer, 'mask', 'dropout' or 'penalty' on the diagonal logits)."
         )
-    if not _is_real(diag_p) or not 0.0 <= float(diag_p) < 1.0:
+    if not is_real(diag_p) or not 0.0 <= float(diag_p) < 1.0:
         raise ConfigError(
             f"diag_p={diag_p!r} must be a probability in [0, 1): the chance that a diagonal "
             "logit is dropped (the paper uses 0.2). Use diag='mask' to drop every diagonal entry."
         )
-    if not _is_real(diag_penalty) or not math.isfinite(float(diag_penalty)):
+    if not is_real(diag_penalty) or not math.isfinite(float(diag_penalty)):
         raise ConfigError(
             f"diag_penalty={diag_penalty!r} must be a finite number (the paper uses -0.1); "
             "for an infinite penalty use diag='mask'."
@@ -142,7 +144,7 @@ def diagonal_entries(
             for ``diag="mask"`` with ``T = 1`` (the softmax would have no key left: a NaN).
     """
     _check_diag_args(diag, diag_p, diag_penalty)
-    if not _is_int(length) or length < 1:
+    if not is_int(length) or length < 1:
         raise ValueError(f"length={length!r} must be a positive integer (the sequence length T).")
     if dropped is not None and diag != "dropout":
         raise ValueError(
@@ -263,9 +265,9 @@ class TemporalAttention(nn.Module):
         out_proj: bool = True,
     ) -> None:
         super().__init__()
-        if not _is_int(d_model) or d_model < 1:
+        if not is_int(d_model) or d_model < 1:
             raise ConfigError(f"d_model={d_model!r} must be a positive integer (the channels C).")
-        if not _is_int(n_heads) or n_heads < 1:
+        if not is_int(n_heads) or n_heads < 1:
             raise ConfigError(f"n_heads={n_heads!r} must be a positive integer.")
         if d_model % n_heads:
             divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
@@ -274,7 +276,7 @@ class TemporalAttention(nn.Module):
                 f"the divisors of d_model: {divisors[:12]}{' ...' if len(divisors) > 12 else ''}."
             )
         _check_diag_args(diag, diag_p, diag_penalty)
-        if not _is_real(dropout) or not 0.0 <= float(dropout) < 1.0:
+        if not is_real(dropout) or not 0.0 <= float(dropout) < 1.0:
             raise ConfigError(
                 f"dropout={dropout!r} must be a probability in [0, 1) (attention dropout)."
             )

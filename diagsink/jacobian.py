@@ -33,6 +33,7 @@ The toy layers, inputs and sweeps over ``T`` that feed these functions are in
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from torch import nn
 
 from .attention import TemporalAttention
 from .errors import ConfigError
+from .regularize import as_temporal_attention
 
 __all__ = [
     "PATHS",
@@ -49,6 +51,7 @@ __all__ = [
     "total",
     "autograd_jacobian",
     "block_norms",
+    "path_norms",
     "Bounds",
     "bound",
 ]
@@ -425,3 +428,19 @@ def __getattr__(name: str):
 
         return getattr(depth, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def path_norms(layer: nn.Module, x: torch.Tensor, norm: str = "fro") -> dict[str, dict[str, float]]:
+    """The Jacobian paths of one self-attention at one sequence ``x`` ``[T, C]``, in closed form.
+
+    ``layer``: the package's layer or an ``nn.MultiheadAttention`` (converted exactly by
+    :func:`~diagsink.regularize.as_temporal_attention`; no residual). Per path: the mean ``norm``
+    of the diagonal and of the off-diagonal blocks (:func:`block_norms`). "Your own model" chapter.
+    """
+    if isinstance(layer, nn.MultiheadAttention):
+        layer = as_temporal_attention(layer)
+    layer = copy.deepcopy(layer).double().eval()  # the closed form needs eval mode, float64 here
+    blocks = block_norms(layer, x.detach().double(), norm=norm)  # each [T, T]
+    off = ~torch.eye(x.shape[0], dtype=torch.bool)
+    pair = lambda b: {"diagonal": float(b.diagonal().mean()), "off_diagonal": float(b[off].mean())}  # noqa: E731
+    return {k: pair(b) for k, b in blocks.items()}

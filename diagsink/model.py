@@ -36,6 +36,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ._checks import is_int
 from .attention import TemporalAttention
 from .errors import ConfigError
 from .graphconv import DiffusionGraphConv
@@ -183,7 +184,7 @@ class TSModel(nn.Module):
             ("t_in", t_in),
             ("t_out", t_out),
         ):
-            if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < 1:
+            if not is_int(value) or value < 1:
                 where = "the number of sensors" if name == "n_nodes" else f"config key model.{name}"
                 raise ConfigError(f"TSModel {name}={value!r} must be a positive integer ({where}).")
         self.variant = variant

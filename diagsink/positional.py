@@ -17,11 +17,11 @@ Explained in the chapter "Attention over time, step by step" (``book/attention.i
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import nn
 
+from ._checks import is_int
 from .errors import ConfigError
 
 __all__ = [
@@ -38,7 +38,7 @@ POSITIONAL_OPTIONS = (None, "sinusoidal", "tape", "learned")
 
 def _check_sizes(length: int, d_model: int) -> None:
     for name, value in (("length", length), ("d_model", d_model)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer.")
 
 
@@ -129,9 +129,9 @@ class PositionalEncoding(nn.Module):
             raise ConfigError(
                 f"pos_encoding={kind!r} is not known; choose one of {POSITIONAL_OPTIONS}."
             )
-        if isinstance(d_model, bool) or not isinstance(d_model, numbers.Integral) or d_model < 1:
+        if not is_int(d_model) or d_model < 1:
             raise ConfigError(f"d_model={d_model!r} must be a positive integer.")
-        if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len < 1:
+        if not is_int(max_len) or max_len < 1:
             raise ConfigError(
                 f"max_len={max_len!r} must be a positive integer (the longest sequence)."
             )

@@ -38,10 +38,18 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from . import plotting, stats
-from .attention import TemporalAttention
+from .attention import TemporalAttention, bias_from_diagonal
 from .regularize import SINK_ATTR, _same_tensor, is_regularized, mha_weights
 
-__all__ = ["Recording", "record", "map_stats", "table", "Profile", "sensitivity_profile", "report"]
+__all__ = [
+    "Recording",
+    "record",
+    "map_stats",
+    "table",
+    "Profile",
+    "sensitivity_profile",
+    "report",
+]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -139,30 +147,28 @@ def _wrap_temporal(state: Recording, layer: TemporalAttention, inner: Callable) 
 
     def forward(*args, **kwargs):
         a = _arguments(inner, args, kwargs)
-        got: list[tuple[torch.Tensor | None, bool]] = []
-        original = layer._bias
+        got: list = []
+        original = layer.diagonal
 
-        def capture(x, dropped, *, cache, diagonal=False):  # the bias of this very call
-            b = original(x, dropped, cache=cache, diagonal=diagonal)
-            got.append((b, diagonal))
-            return b
+        def capture(x, dropped=None):  # the regularizer's diagonal of this very call
+            b_ii = original(x, dropped)
+            got.append(b_ii)
+            return b_ii
 
-        layer._bias = capture
+        layer.diagonal = capture
         state.depth += 1
         try:
             out = inner(*args, **kwargs)
         finally:
             state.depth -= 1
-            del layer._bias
+            del layer.diagonal
         if a["return_attention"]:
             weights = out[1].detach().clone()
         else:
             with torch.no_grad():
                 h = layer.pos(a["x"])
                 h = layer.norm(h) if layer.norm_kind == "pre" else h
-                b, diagonal = got[-1] if got else (None, False)
-                if diagonal and b is not None:
-                    b = torch.diag_embed(b)
+                b = bias_from_diagonal(got[-1] if got else None, h.shape[-2], h.dtype, h.device)
                 weights = torch.softmax(layer._logits(h, b), dim=-1)
         state.add(name, "diagsink TemporalAttention", weights)
         return out

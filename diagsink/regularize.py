@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import TemporalAttention, _check_diag_args, diagonal_bias
+from .attention import TemporalAttention, _check_diag_args, bias_from_diagonal, diagonal_entries
 
 __all__ = [
     "REGULARIZERS",
@@ -178,18 +178,17 @@ def _diag_bias(
     batched = query.dim() == 3
     length = query.shape[1 if mha.batch_first and batched else 0]
     batch = (query.shape[0 if mha.batch_first else 1],) if batched else ()
-    bias = diagonal_bias(
+    entries = diagonal_entries(
         length,
         cfg.diag,
         diag_p=cfg.p,
         diag_penalty=cfg.penalty,
         training=mha.training,
-        shared=cfg.shared,
-        batch_shape=batch,
-        n_heads=mha.num_heads,
+        pattern_shape=() if cfg.shared else (*batch, mha.num_heads),  # as TemporalAttention draws
         dtype=query.dtype,
         device=query.device,
     )
+    bias = bias_from_diagonal(entries, length, query.dtype, query.device)
     if bias is not None and bias.dim() > 2:  # [N, H, T, T] or [H, T, T] -> [N·H, T, T]
         bias = bias.reshape(-1, length, length)
     return bias

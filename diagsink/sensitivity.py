@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._checks import is_int
 from .engine.prepare import batch
 from .stats import map_statistics
 
@@ -113,9 +114,7 @@ def input_step_profile(
     """
     if method not in ("exact", "hutchinson"):
         raise ValueError(f"method {method!r} is not known; use 'exact' or 'hutchinson'.")
-    if method == "hutchinson" and (
-        isinstance(probes, bool) or not isinstance(probes, int) or probes < 2
-    ):
+    if method == "hutchinson" and (not is_int(probes) or probes < 2):
         raise ValueError(
             f"probes = {probes!r}: Hutchinson needs a whole number >= 2 for its error."
         )

@@ -653,3 +653,17 @@ def test_exercise_stub_propagates_not_implemented():
 
     with pytest.raises(NotImplementedError):
         exercises.check("ex-attention-mask", stub)
+
+
+def test_penalized_diagonal_is_what_the_penalty_does_to_a_row():
+    """The closed form the heatmaps chapter uses equals the layer's own penalized self-weights."""
+    torch.manual_seed(3)
+    plain = ds.TemporalAttention(8, 2, diag=None).eval()
+    pen = ds.TemporalAttention(8, 2, diag="penalty", diag_penalty=-0.7).eval()
+    pen.load_state_dict(plain.state_dict())
+    x = torch.randn(4, 9, 8)
+    _, a0 = plain(x, return_attention=True)
+    _, a1 = pen(x, return_attention=True)
+    want = ds.attention.penalized_diagonal(a0.diagonal(dim1=-2, dim2=-1), -0.7)
+    torch.testing.assert_close(a1.diagonal(dim1=-2, dim2=-1), want)
+    assert ds.attention.penalized_diagonal(1 / 12, 0.0) == pytest.approx(1 / 12)

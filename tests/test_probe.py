@@ -263,3 +263,22 @@ def test_probe_command_on_a_committed_run(capsys, tmp_path):
     assert "blocks.0.attn" in out and "blocks.1.attn" in out and "(2, 207, 2, 12, 12)" in out
     assert (tmp_path / "p.png").stat().st_size > 10_000
     assert main(["probe", str(tmp_path / "missing.json")]) == 2
+
+
+def test_path_norms_of_an_mha_are_its_exact_jacobian():
+    """The closed-form paths of a converted nn.MultiheadAttention sum to autograd's Jacobian."""
+    from diagsink import jacobian
+    from diagsink.jacobian import path_norms
+    from diagsink.regularize import as_temporal_attention
+
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double().eval()
+    x = torch.randn(6, 8, dtype=torch.float64)
+    auto = torch.autograd.functional.jacobian(lambda s: mha(s[None], s[None], s[None])[0][0], x)
+    paths = jacobian.decompose(as_temporal_attention(mha).double().eval(), x)
+    torch.testing.assert_close(sum(paths.values()), auto)  # [T, C, T, C]
+    norms = path_norms(mha, x)
+    assert norms["residual"] == {"diagonal": 0.0, "off_diagonal": 0.0}  # an MHA has no residual
+    blocks = auto.permute(0, 2, 1, 3).flatten(2).norm(dim=-1)  # [T, T] Frobenius of each block
+    assert norms["total"]["diagonal"] == pytest.approx(float(blocks.diagonal().mean()), rel=1e-9)
+    assert norms["query"]["off_diagonal"] == 0.0 and norms["query"]["diagonal"] > 0

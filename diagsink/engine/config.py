@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from .._checks import is_real
 from ..errors import ConfigError
 from ..model import check_block_order
 from ..positional import POSITIONAL_OPTIONS
@@ -192,7 +193,7 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("train.time_limit_s must be null (no limit) or > 0 seconds.")
     if d["split_order"] not in ("dcrnn", "split-first"):
         raise ConfigError(f"data.split_order = {d['split_order']!r}; allowed: dcrnn, split-first.")
-    ratios_ok = all(isinstance(x, _NUM) and not isinstance(x, bool) and x >= 0 for x in d["ratios"])
+    ratios_ok = all(is_real(x) and x >= 0 for x in d["ratios"])
     if len(d["ratios"]) != 3 or not ratios_ok or abs(sum(d["ratios"]) - 1) > 1e-9:
         raise ConfigError(
             f"data.ratios = {d['ratios']} must be three fractions (train, val, test) summing to 1."

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .._checks import is_int
 from .._io import atomic_write_bytes, remove_stale_temporaries
 from ..data import load_metr_la
 from ..errors import ConfigError
@@ -43,7 +44,7 @@ __all__ = [
 def run_name(variant: str, seed: int) -> str:
     """``"<variant>_seed<k>"`` for a known variant and a non-negative int seed."""
     check_variant(variant)
-    if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**31):
+    if not (is_int(seed) and 0 <= seed < 2**31):
         raise ConfigError(f"seed {seed!r} must be an integer in [0, 2**31).")
     return f"{variant}_seed{seed}"
 

@@ -13,7 +13,7 @@ import torch
 
 from .artifacts import METRIC_KEYS, ArtifactError
 
-__all__ = ["metric_table", "t_quantile", "paired_comparison"]
+__all__ = ["metric_table", "t_quantile", "paired_comparison", "paired_difference"]
 
 
 def metric_table(arts: list[dict[str, Any]], key: str) -> dict[str, dict[int, float]]:
@@ -65,7 +65,22 @@ def paired_comparison(
         raise ArtifactError(
             f"a paired comparison needs >= 2 common seeds; {variant} and {baseline} share {len(seeds)}."
         )
-    d = [table[variant][s] - table[baseline][s] for s in seeds]
+    return paired_difference(
+        [table[variant][s] for s in seeds], [table[baseline][s] for s in seeds], level
+    )
+
+
+def paired_difference(a: list[float], b: list[float], level: float = 0.95) -> dict[str, float]:
+    """The paired-t summary of ``d_s = a_s - b_s`` (same seeds, same order; at least 2 pairs).
+
+    Returns ``n``, ``mean_diff``, ``sd_diff`` (``n - 1``), ``half_width`` of the ``level``
+    interval, ``t`` and ``exceeds_noise`` (1.0 when the interval excludes 0, else 0.0).
+    """
+    if len(a) != len(b) or len(a) < 2:
+        raise ArtifactError(
+            f"a paired comparison needs >= 2 pairs of equal length; got {len(a)} and {len(b)}."
+        )
+    d = [x - y for x, y in zip(a, b)]
     n = len(d)
     mean = sum(d) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1))

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .._checks import is_int, is_real
 from .._io import remove_stale_temporaries
 from ..data import load_metr_la
 from ..data.windows import split_windows
@@ -124,7 +125,7 @@ def _check_values(name: str, values: list[Any]) -> list[float | int | str]:
             )
         return out
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if not is_real(v) or not math.isfinite(v):
             raise ConfigError(f"sweep {name!r}: value {v!r} is not a finite number.")
         if name == "length":
             if int(v) != v or not 2 <= v <= MAX_LENGTH:
@@ -235,11 +236,9 @@ def run_sweep(
     """
 
     points = sweep_points(name, values, variants)
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= 100:
+    if not is_int(seeds) or not 1 <= seeds <= 100:
         raise ConfigError(f"seeds = {seeds!r} must be a whole number in [1, 100].")
-    if epochs is not None and (
-        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
-    ):
+    if epochs is not None and (not is_int(epochs) or epochs < 1):
         raise ConfigError(f"epochs = {epochs!r} must be a whole number >= 1.")
     base = load_config(cfg) if isinstance(cfg, (str, Path)) else copy.deepcopy(cfg)
     if epochs is not None:
