@@ -18,7 +18,7 @@ Chapter modules (``ds.<name>``):
 * :mod:`diagsink.metrics`, :mod:`diagsink.stats`, :mod:`diagsink.plotting`  metrics, attention-map
   statistics, the book's figures (results, heatmaps)
 * :mod:`diagsink.sensitivity` where the sink lives in a trained model: input-step profile, maps
-* :mod:`diagsink.probe`, :func:`diagsink.regularize`  diagnose and regularize the sink in any
+* :mod:`diagsink.probe`, :mod:`diagsink.regularize`  diagnose and regularize the sink in any
   PyTorch model (the chapter "Your own model")
 * :mod:`diagsink.scaling`     costs and memory as the graph and T grow (scaling chapter)
 * :mod:`diagsink.variants`    the paper's five variants: names, letters, labels, layer arguments

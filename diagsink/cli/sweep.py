@@ -15,7 +15,7 @@ __all__ = ["add_commands"]
 
 
 def _values(text: str) -> list[float | str]:
-    """Comma-separated numbers, or names (``ts,st`` for the order sweep; checked by :func:`sweep_points`)."""
+    """Comma-separated numbers, or names (``ts,st`` for the order sweep; checked by :func:`~diagsink.engine.sweeps.sweep_points`)."""
     items = [v.strip() for v in text.split(",") if v.strip()]
     if items and all(v.isidentifier() for v in items):
         return items  # names, e.g. block orders

@@ -10,7 +10,7 @@ instructor page, ``book/instructors.md``)::
     markdown  ```{solution-end}```
     code      tag "exercise-check":     ds.exercises.check("ex-<chapter>-<name>", f, strict=True)
 
-From this one source, :func:`export` writes
+From this one source, :func:`~diagsink.course.export.export` writes
 
 * ``DIR/student/<name>.ipynb``: the solution cells and the ``{solution-start}`` ...
   ``{solution-end}`` cells removed, stubs and checks kept, outputs empty;
@@ -19,13 +19,13 @@ From this one source, :func:`export` writes
 Folders next to the chapters (``book/results/`` with the result artifacts, images) are
 copied into both editions, so the notebooks' relative paths keep working there.
 
-:func:`exercise_problems` checks the pattern statically (each stub has exactly one solution
+:func:`~diagsink.course.notebooks.exercise_problems` checks the pattern statically (each stub has exactly one solution
 and one check with the same label, the label is registered in :mod:`diagsink.exercises`,
 the stub's ``NotImplementedError`` names it, no code hides between the solution markers
 without the solution tag). The export refuses a notebook that breaks it, so a solution can
 never leak into a student notebook through an untagged cell.
 
-:func:`grade` runs a submitted student notebook and grades every exercise with the registered
+:func:`~diagsink.course.grade.grade` runs a submitted student notebook and grades every exercise with the registered
 checks. Command line: ``diagsink course export --out DIR [--no-solutions]``,
 ``diagsink course grade NOTEBOOK... [--json FILE]`` and ``diagsink course check``.
 """

@@ -103,7 +103,7 @@ def export(
 
     Args:
         out: the output folder (created if needed).
-        source: the folder holding ``_toc.yml`` (default: :func:`find_book_root`).
+        source: the folder holding ``_toc.yml`` (default: :func:`~diagsink.course.notebooks.find_book_root`).
         solutions: also write ``out/instructor`` (with ``False`` an existing instructor
             folder is an error, so a student hand-out never carries solutions by accident).
         notebooks: export only these chapters (paths); default every ``.ipynb`` in the toc.

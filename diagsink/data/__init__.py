@@ -2,7 +2,7 @@
 
 Explained in the chapter ``book/metr_la.ipynb`` ("METR-LA"). The modules:
 
-* :mod:`~diagsink.data.metr_la`    :func:`load_metr_la` and the :class:`MetrLA` it returns
+* :mod:`~diagsink.data.metr_la`    :func:`~diagsink.data.metr_la.load_metr_la` and the :class:`~diagsink.data.metr_la.MetrLA` it returns
 * :mod:`~diagsink.data.files`      finding, reading and checking each file
 * :mod:`~diagsink.data.download`   fetching the files from public mirrors, with checksums
 * :mod:`~diagsink.data.windows`    the 12-in/12-out windows, the chronological split, the scaler
@@ -21,15 +21,15 @@ The data folder (``root``) holds the files in the layout DCRNN uses::
     <root>/adj_mx.pkl                   (sensor_ids, sensor_id_to_ind, adj_mx): DCRNN's adjacency
                                         (or adj_mx.npy: the same matrix without pickle)
 
-Accepted names for the speed file, tried in this order (:data:`SPEED_FILES`):
+Accepted names for the speed file, tried in this order (:data:`~diagsink.data.files.SPEED_FILES`):
 
 * ``metr-la.h5`` -- the full matrix (34272 steps x 207 sensors), as DCRNN distributes it;
 * ``metr-la_first1026steps.h5`` -- a contiguous *slice* of it in the same layout (the first
   1026 real steps, shipped with this project's CI). A slice loads fine and is reported as
-  PARTIAL by :attr:`MetrLA.is_full` and :meth:`MetrLA.describe`.
+  PARTIAL by :attr:`~diagsink.data.metr_la.MetrLA.is_full` and :meth:`~diagsink.data.metr_la.MetrLA.describe`.
 
 Missing readings are stored as 0.0 (never NaN). ``adj_mx.pkl`` is a Python-2 pickle; it is
-read only through :class:`RestrictedUnpickler`, which admits exactly the three numpy globals
+read only through ``RestrictedUnpickler`` (``diagsink.data._unpickle``), which admits exactly the three numpy globals
 an array needs and refuses everything else.
 """
 

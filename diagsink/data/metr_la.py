@@ -11,7 +11,7 @@ The data folder (``root``) holds the files in the layout DCRNN uses::
     <root>/adj_mx.pkl                   (sensor_ids, sensor_id_to_ind, adj_mx): DCRNN's adjacency
                                         (or adj_mx.npy: the same matrix without pickle)
 
-Accepted names for the speed file, tried in this order (:data:`SPEED_FILES`):
+Accepted names for the speed file, tried in this order (:data:`~diagsink.data.files.SPEED_FILES`):
 
 * ``metr-la.h5`` -- the full matrix (34272 steps x 207 sensors), as DCRNN distributes it;
 * ``metr-la_first1026steps.h5`` -- a contiguous *slice* of it in the same layout (the first
@@ -19,7 +19,7 @@ Accepted names for the speed file, tried in this order (:data:`SPEED_FILES`):
   PARTIAL by :attr:`MetrLA.is_full` and :meth:`MetrLA.describe`.
 
 Missing readings are stored as 0.0 (never NaN). ``adj_mx.pkl`` is a Python-2 pickle; it is
-read only through :class:`RestrictedUnpickler`, which admits exactly the three numpy globals
+read only through ``RestrictedUnpickler`` (``diagsink.data._unpickle``), which admits exactly the three numpy globals
 an array needs and refuses everything else.
 """
 

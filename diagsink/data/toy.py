@@ -1,7 +1,7 @@
 """Toy data: a small synthetic stand-in for METR-LA, for fast tests and demonstrations.
 
 Used by the chapter ``book/model.ipynb`` (the training loop on data that trains in seconds) and
-by the tests. It has the attributes of :class:`diagsink.data.MetrLA` that the engine reads.
+by the tests. It has the attributes of :class:`diagsink.data.metr_la.MetrLA` that the engine reads.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ __all__ = ["ToyData", "toy_data"]
 
 @dataclass(frozen=True)
 class ToyData:
-    """A small synthetic stand-in for :class:`diagsink.data.MetrLA` (same attributes used here)."""
+    """A small synthetic stand-in for :class:`diagsink.data.metr_la.MetrLA` (same attributes used here)."""
 
     speed: Any
     timestamps: Any

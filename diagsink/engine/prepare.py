@@ -46,7 +46,7 @@ class Prepared:
 
 
 def prepare(data: Any, cfg: dict[str, Any], device: str | torch.device = "cpu") -> Prepared:
-    """Move a :class:`diagsink.data.MetrLA` to ``device`` and split it as ``cfg["data"]`` says."""
+    """Move a :class:`diagsink.data.metr_la.MetrLA` to ``device`` and split it as ``cfg["data"]`` says."""
     m = cfg["model"]
     splits = split_windows(
         data.n_steps,

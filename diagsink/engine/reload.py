@@ -65,7 +65,7 @@ def load_run(
 
     Args:
         path: an artifact ``.json`` whose ``state_dict`` file lies next to it.
-        data: the METR-LA it was trained on (default :func:`diagsink.data.load_metr_la`).
+        data: the METR-LA it was trained on (default :func:`diagsink.data.metr_la.load_metr_la`).
         prepared: the data already prepared with this run's config (skips ``data``).
 
     Raises:

@@ -279,7 +279,7 @@ def train_model(
         cfg: a config dict or a protocol name (:func:`diagsink.engine.config.load_config`).
         variant: one of :data:`diagsink.variants.VARIANTS`.
         seed: initialisation, window order and dropout draws.
-        data: a :class:`diagsink.data.MetrLA` (loaded from ``ds.settings().data_root`` if None).
+        data: a :class:`diagsink.data.metr_la.MetrLA` (loaded from ``ds.settings().data_root`` if None).
         prepared: an already prepared data set (skips ``data``), e.g. shared by several runs.
         device: ``"cpu"``/``"cuda"``; default ``ds.settings().device``.
         out_dir: the results folder (artifacts go to ``out_dir/<protocol>/``); needed when ``write``.
