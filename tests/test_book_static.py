@@ -33,6 +33,7 @@ _DRAWS = re.compile(
     r"|\bsns\.\w+\s*\("
     r"|\.(imshow|matshow|pcolormesh|heatmap|plot|scatter|errorbar|bar|barh|hist|fill_between)\s*\("
     r"|\bplotting\.(attention_heatmap|variant_panel|head_grid)\s*\("
+    r"|(?:(?<![\w.])|\bprobe\.)report\s*\("
 )
 
 
@@ -122,6 +123,9 @@ def test_heading_parser_sees_through_code_fences(tmp_path: Path):
 def test_figure_detector():
     assert _DRAWS.search("fig, ax = plt.subplots()\nax.imshow(a)\nplt.show()")
     assert _DRAWS.search("ds.plotting.attention_heatmap(maps)")
+    assert _DRAWS.search("fig = report(rec, profile=prof)")
+    assert _DRAWS.search("ds.probe.report(rec)")
+    assert not _DRAWS.search("print(rec.report_table())")
     assert not _DRAWS.search(_strip_comments("x = torch.ones(3)  # plt.show() later"))
     assert not _DRAWS.search("ds.plotting.use_style()\navg = ds.plotting.average_attention(a)")
 
@@ -150,3 +154,26 @@ def test_api_page_documents_every_module():
     )
     extra = sorted(documented - modules)
     assert not extra, f"book/api.md documents modules that do not exist: {extra}"
+
+
+_IMPORT = re.compile(r"^\s*(from\s+diagsink(\.[\w.]+)?\s+import\s.*|import\s+diagsink\b.*)$", re.M)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_chapters_import_the_package_in_one_style(path: Path):
+    """Chapters use ``import diagsink as ds`` and ``from diagsink.<module> import name``, nothing else.
+
+    ``from diagsink import jacobian as J`` (a third style, with private aliases) is refused: the
+    reader meets every module as ``ds.<module>`` or by the names imported from it.
+    """
+    bad = []
+    for i, cell in enumerate(_cells(path)):
+        if cell["cell_type"] != "code":
+            continue
+        for m in _IMPORT.finditer(_strip_comments(_src(cell))):
+            line = m.group(0).strip()
+            if line != "import diagsink as ds" and not re.match(
+                r"from diagsink\.[\w.]+ import ", line
+            ):
+                bad.append(f"cell {i}: {line}")
+    assert not bad, f"{path.name}: imports outside the book's style: {bad}"
