@@ -32,41 +32,11 @@ checks. Command line: ``diagsink course export --out DIR [--no-solutions]``,
 
 from __future__ import annotations
 
-from .export import ExportReport, export
-from .grade import GRADE_STATUSES, Grade, grade
-from .notebooks import (
-    CHECK_TAG,
-    EXPORT_MARKER,
-    SOLUTION_TAG,
-    STUB_TAG,
-    Exercise,
-    exercise_problems,
-    exercises_of,
-    find_book_root,
-    instructor_version,
-    read_notebook,
-    student_version,
-    toc_entries,
-    toc_notebooks,
-)
+from . import export as _export_module
+from . import grade as _grade_module
+from . import notebooks
+from .export import *  # noqa: F403
+from .grade import *  # noqa: F403
+from .notebooks import *  # noqa: F403
 
-__all__ = [
-    "STUB_TAG",
-    "SOLUTION_TAG",
-    "CHECK_TAG",
-    "EXPORT_MARKER",
-    "GRADE_STATUSES",
-    "Exercise",
-    "ExportReport",
-    "find_book_root",
-    "toc_entries",
-    "toc_notebooks",
-    "read_notebook",
-    "exercises_of",
-    "exercise_problems",
-    "student_version",
-    "instructor_version",
-    "export",
-    "Grade",
-    "grade",
-]
+__all__ = [*notebooks.__all__, *_export_module.__all__, *_grade_module.__all__]

@@ -28,6 +28,8 @@ from .notebooks import (
     toc_notebooks,
 )
 
+__all__ = ["ExportReport", "export"]
+
 # --------------------------------------------------------------------------- export
 
 

@@ -26,6 +26,8 @@ from .notebooks import (
     toc_notebooks,
 )
 
+__all__ = ["GRADE_STATUSES", "Grade", "grade"]
+
 # --------------------------------------------------------------------------- grading
 
 GRADE_STATUSES = ("pass", "hint", "not attempted", "missing", "error")

@@ -33,6 +33,22 @@ _SOLUTION_RE = re.compile(r"^\s*" + _FENCE + r"\{solution\}", re.MULTILINE)
 _START_ALONE_RE = re.compile(
     r"(`{3,}|:{3,})\{solution-start\}[ \t]*\S+[ \t]*\n(?:[ \t]*:[\w-]+:.*\n)*\s*\1"
 )
+
+__all__ = [
+    "STUB_TAG",
+    "SOLUTION_TAG",
+    "CHECK_TAG",
+    "EXPORT_MARKER",
+    "Exercise",
+    "find_book_root",
+    "toc_entries",
+    "toc_notebooks",
+    "read_notebook",
+    "exercises_of",
+    "exercise_problems",
+    "student_version",
+    "instructor_version",
+]
 _END_ALONE_RE = re.compile(r"(`{3,}|:{3,})\{solution-end\}[ \t]*\n\s*\1")
 
 

@@ -12,25 +12,8 @@ Explained in the chapter ``book/metr_la.ipynb`` ("METR-LA"). The modules:
 
 Every public name of these modules is importable from :mod:`diagsink.data` itself.
 
-The data folder (``root``) holds the files in the layout DCRNN uses::
-
-    <root>/metr-la.h5                   speed matrix: pandas HDF, key "df", DatetimeIndex (5 min),
-                                        columns = sensor ids in graph_sensor_ids.txt order
-    <root>/graph_sensor_ids.txt         207 sensor ids, comma-separated, one line
-    <root>/graph_sensor_locations.csv   index,sensor_id,latitude,longitude
-    <root>/adj_mx.pkl                   (sensor_ids, sensor_id_to_ind, adj_mx): DCRNN's adjacency
-                                        (or adj_mx.npy: the same matrix without pickle)
-
-Accepted names for the speed file, tried in this order (:data:`~diagsink.data.files.SPEED_FILES`):
-
-* ``metr-la.h5`` -- the full matrix (34272 steps x 207 sensors), as DCRNN distributes it;
-* ``metr-la_first1026steps.h5`` -- a contiguous *slice* of it in the same layout (the first
-  1026 real steps, shipped with this project's CI). A slice loads fine and is reported as
-  PARTIAL by :attr:`~diagsink.data.metr_la.MetrLA.is_full` and :meth:`~diagsink.data.metr_la.MetrLA.describe`.
-
-Missing readings are stored as 0.0 (never NaN). ``adj_mx.pkl`` is a Python-2 pickle; it is
-read only through ``RestrictedUnpickler`` (``diagsink.data._unpickle``), which admits exactly the three numpy globals
-an array needs and refuses everything else.
+The data folder's layout, the accepted names of the speed file and the handling of missing
+readings are documented once, in :mod:`diagsink.data.metr_la`.
 """
 
 from __future__ import annotations
