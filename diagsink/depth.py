@@ -241,13 +241,15 @@ def temporal_stack(
             f"window has shape {tuple(window.shape)} and node={node}; pass one window "
             "[T_in, N, 2] and a sensor index 0 <= node < N."
         )
-    w = window[None].to(next(model.parameters()).dtype)  # [1, T, N, 2]
-    h = model.pos(model.speed_embed(w[..., :1]).transpose(1, 2)).transpose(1, 2)
-    tod = model.tod_embed(w[..., 1:])  # [1, T, N, C]
-    x0 = h[0, :, node].double()
+    speed_embed, pos, tod_embed = (
+        copy.deepcopy(m).double() for m in (model.speed_embed, model.pos, model.tod_embed)
+    )
+    w = window[None].double()  # [1, T, N, 2]; float64 throughout
+    x0 = pos(speed_embed(w[..., :1]).transpose(1, 2)).transpose(1, 2)[0, :, node]
+    tod = tod_embed(w[..., 1:])[0, :, node]  # [T, C]
     layers: list[nn.Module] = []
     for block in model.blocks[:depth]:
-        layers.append(Shift(tod[0, :, node].double()))
+        layers.append(Shift(tod))
         layers.extend(post_norm_entries(block.attn))
     return layers, x0
 
