@@ -324,7 +324,7 @@ def theorem_constants(layers: Sequence[nn.Module], x: torch.Tensor) -> list[tupl
         elif isinstance(layer, nn.LayerNorm):
             _check_x(h, layer.normalized_shape[0], "theorem_constants")
             sigma = torch.sqrt(h.var(-1, unbiased=False) + layer.eps)
-            gain = float(layer.weight.abs().max()) if layer.weight is not None else 1.0
+            gain = float(layer.weight.detach().abs().max()) if layer.weight is not None else 1.0
             out.append((gain / float(sigma.min()), 0.0))
         elif isinstance(layer, Shift):
             out.append((1.0, 0.0))

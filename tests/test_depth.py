@@ -311,3 +311,50 @@ def test_depth_helpers_bad_input():
         D.post_norm_entries(toy.init_layer(4, 1, norm="pre"))
     with pytest.raises(ConfigError, match="not covered"):
         D.theorem_constants([nn.Linear(4, 4).double()], torch.zeros(3, 4, dtype=f64))
+
+
+def _ceilings(layers: list[nn.Module], r_star: float) -> list[tuple[float, float]]:
+    """The T-free (a_l, b_l) of the proof of dep-cor-fixed-depth, for inputs of norm ≤ r_star."""
+    out = []
+    for layer in layers:
+        if isinstance(layer, nn.LayerNorm):
+            out.append((float(layer.weight.detach().abs().max()) / math.sqrt(layer.eps), 0.0))
+            continue
+        k = J.bound(layer, toy.sphere_inputs(3, layer.d_model, torch.Generator())).constants
+        sqrt_d, D = math.sqrt(layer.d_head), 2 * r_star
+        a_diag, b_off = 1.0, 0.0
+        for nu, rho, kap, Q in zip(k["nu"], k["rho"], k["kappa"], k["Q"], strict=True):
+            q_star = Q - rho * k["R"] + rho * r_star  # ρ R* + ‖b_Q‖
+            c = nu * (1 + kap * q_star * D / sqrt_d)
+            a_diag += c + nu * rho * kap * r_star**2 / sqrt_d
+            b_off += 2 * c * math.exp(q_star * kap * D / sqrt_d)  # T/(T−1) ≤ 2, a-priori Δ
+        out.append((a_diag, b_off))
+    return out
+
+
+def test_corollary_constants_do_not_depend_on_T():
+    """dep-cor-fixed-depth: behind a LayerNorm the per-entry constants stay below T-free ceilings,
+    so T x (largest off-diagonal block) ≤ Π(a_l + b_l) of the ceilings for every T."""
+    C = 8
+    layers = [
+        _layernorm(C, 1),
+        toy.init_layer(C, 2, seed=1),
+        _layernorm(C, 2),
+        toy.init_layer(C, 1, seed=2),
+    ]
+    r_star = max(
+        float(ln.weight.detach().abs().max()) * math.sqrt(C) + float(ln.bias.detach().norm())
+        for ln in layers[::2]
+    )
+    ceil = _ceilings(layers, r_star)
+    k_l = math.prod(a + b for a, b in ceil)
+    for T in (4, 32, 160):
+        x = 5 * torch.randn(T, C, dtype=f64, generator=torch.Generator().manual_seed(T))
+        states = D.network_jacobian(layers, x, return_outputs=True)[1]
+        assert all(float(h.norm(dim=-1).max()) <= r_star for h in states[1::2])  # LN outputs
+        got = D.theorem_constants(layers, x)
+        for (a, b), (a_max, b_max) in zip(got, ceil, strict=True):
+            assert a <= a_max * (1 + 1e-12) and b <= b_max * (1 + 1e-12), (T, a, b, a_max, b_max)
+        n = D.block_norm_matrix(D.network_jacobian(layers, x))
+        off = ~torch.eye(T, dtype=torch.bool)
+        assert T * float(n[off].max()) <= k_l
