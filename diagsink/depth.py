@@ -117,7 +117,7 @@ def layernorm_jacobian(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
 
 
 def layer_jacobian(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Closed-form Jacobian ``[T, C, T, C]`` of one stack entry (attention or LayerNorm) at ``x``."""
+    """Closed-form Jacobian ``[T, C, T, C]`` of one stack entry (attention, LayerNorm, Shift)."""
     if isinstance(layer, nn.LayerNorm):
         return layernorm_jacobian(layer, x)
     if isinstance(layer, TemporalAttention):
@@ -147,8 +147,8 @@ def network_jacobian(
 
     Args:
         layers: ``TemporalAttention`` (``norm=None``; residual included as the layer
-            computes it) or ``nn.LayerNorm(C)`` entries, applied in order. A post-norm
-            block is ``[attention, LayerNorm]``.
+            computes it), ``nn.LayerNorm(C)`` or :class:`Shift` entries, applied in order. A
+            post-norm block is ``[attention, LayerNorm]``.
         x: one sequence ``[T, C]`` (float64 for comparisons at 1e-10).
         return_outputs: also return the inputs of every layer and the final output
             (``L + 1`` tensors ``[T, C]``).
