@@ -1,10 +1,12 @@
 """LayerNorm and stack Jacobians (diagsink.depth) against autograd; bounds at long T.
 
-Module diagsink.depth (no chapter page yet); the bounds tests belong to book/bounds.ipynb.
+Module diagsink.depth, chapter book/depth.ipynb ("Depth and LayerNorm"); the single-layer bounds
+tests at long T belong to book/bounds.ipynb.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -17,6 +19,7 @@ from diagsink import depth as D
 from diagsink import jacobian as J
 from diagsink import toy
 from diagsink.errors import ConfigError
+from diagsink.model import TSModel
 
 TOL = dict(rtol=0.0, atol=1e-10)
 f64 = torch.float64
@@ -168,3 +171,190 @@ def test_public_names_under_diagsink_jacobian():
     assert diagsink.jacobian.layernorm_jacobian is diagsink.depth.layernorm_jacobian
     with pytest.raises(AttributeError, match="no_such_name"):
         diagsink.jacobian.no_such_name  # noqa: B018
+
+
+# ---- stacks with Shift entries, the temporal part of a T&S model, the L-layer bound --------
+def test_shift_entry_and_averaging_layer_match_autograd():
+    C, T = 6, 5
+    gen = torch.Generator().manual_seed(0)
+    layers = [
+        D.Shift(torch.randn(T, C, generator=gen, dtype=f64)),
+        D.averaging_layer(C),
+        _layernorm(C, 3),
+        D.Shift(torch.randn(T, C, generator=gen, dtype=f64)),
+        toy.init_layer(C, 2, seed=5),
+    ]
+    x = torch.randn(T, C, generator=gen, dtype=f64)
+    torch.testing.assert_close(D.network_jacobian(layers, x), _autograd(layers, x), **TOL)
+    avg = D.averaging_layer(C)
+    torch.testing.assert_close(avg(x), x + x.mean(0, keepdim=True), **TOL)
+    with pytest.raises(ConfigError, match="Shift holds"):
+        D.Shift(torch.zeros(T + 1, C, dtype=f64))(x)
+
+
+def test_averaging_stack_attains_the_depth_bound():
+    """L averaging layers: J = (I + 11ᵀ/T)^L ⊗ I, off-diagonal (2^L − 1)/T = the bound exactly."""
+    C, T = 4, 7
+    x = torch.randn(T, C, dtype=f64)
+    for L in (1, 2, 5):
+        layers = [D.averaging_layer(C) for _ in range(L)]
+        inf = D.influence(D.network_jacobian(layers, x))
+        bound = D.depth_bound(D.layer_constants(layers, x), T)
+        assert inf["off_max"] == pytest.approx((2**L - 1) / T, rel=1e-12)
+        assert bound["off"] == pytest.approx((2**L - 1) / T, rel=1e-12)
+        assert inf["diag_mean"] == pytest.approx(1 + (2**L - 1) / T, rel=1e-12)
+        assert bound["diag"] == pytest.approx(1 + (2**L - 1) / T, rel=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    consts=st.lists(st.tuples(st.floats(0.0, 3.0), st.floats(0.0, 3.0)), min_size=1, max_size=6),
+    T=st.integers(1, 40),
+)
+def test_depth_bound_is_the_product_of_the_majorants(consts, T):
+    """The closed form equals the explicit product of the T x T matrices α_l I + (b_l/T) 11ᵀ."""
+    consts = [(max(a, b / T), b) for a, b in consts]
+    prod = torch.eye(T, dtype=f64)
+    for a, b in consts:
+        prod = ((a - b / T) * torch.eye(T, dtype=f64) + b / T) @ prod
+    got = D.depth_bound(consts, T)
+    assert got["diag"] == pytest.approx(float(prod[0, 0]), rel=1e-9, abs=1e-12)
+    if T > 1:
+        assert got["off"] == pytest.approx(float(prod[0, 1]), rel=1e-9, abs=1e-12)
+    assert T * got["off"] <= got["growth"] * (1 + 1e-12)  # the T-free ceiling
+
+
+def _random_stack(L: int, C: int, seed: int, s: float, post_norm: bool) -> list[nn.Module]:
+    layers: list[nn.Module] = []
+    for ell in range(L):
+        heads = [1, 2][(seed + ell) % 2]
+        layers.append(toy.init_layer(C, heads, qk_scale=s, seed=1000 * seed + ell))
+        if post_norm:
+            layers.append(_layernorm(C, seed + ell, eps=[1e-5, 0.1][ell % 2]))
+    return layers
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    L=st.integers(1, 4),
+    T=st.integers(2, 24),
+    C=st.sampled_from([4, 8]),
+    s=st.floats(0.05, 2.0),
+    seed=st.integers(0, 10_000),
+    post_norm=st.booleans(),
+)
+def test_measured_stack_blocks_within_depth_bound(L, T, C, s, seed, post_norm):
+    """Proposition dep-prop-stack on random stacks: measured ≤ bound (measured constants) ≤ bound
+    (theorem constants), for the largest off-diagonal and the largest diagonal block."""
+    layers = _random_stack(L, C, seed, s, post_norm)
+    x = toy.sphere_inputs(T, C, torch.Generator().manual_seed(seed))
+    n = D.block_norm_matrix(D.network_jacobian(layers, x))
+    off = ~torch.eye(T, dtype=torch.bool)
+    measured = D.depth_bound(D.layer_constants(layers, x), T)
+    theorem = D.depth_bound(D.theorem_constants(layers, x), T)
+    slack = 1 + 1e-9
+    assert float(n[off].max()) <= measured["off"] * slack
+    assert float(n.diagonal().max()) <= measured["diag"] * slack
+    assert measured["off"] <= theorem["off"] * slack
+    assert measured["diag"] <= theorem["diag"] * slack
+
+
+def test_layernorm_block_norm_lemma():
+    """dep-lem-ln-norm: ‖∂y_t/∂x_t‖ ≤ max|γ|/σ_t, with equality for unit gain and C ≥ 3."""
+    C, T = 6, 5
+    x = 3 * torch.randn(T, C, dtype=f64) + 1
+    sigma = torch.sqrt(x.var(-1, unbiased=False) + 1e-5)
+    for affine in (True, False):
+        ln = _layernorm(C, 2, affine=affine)
+        n = D.block_norm_matrix(D.layernorm_jacobian(ln, x)).diagonal()
+        gain = ln.weight.abs().max() if affine else 1.0
+        assert bool((n <= gain / sigma * (1 + 1e-12)).all())
+        if not affine:
+            torch.testing.assert_close(n, 1 / sigma, **TOL)
+    ((a, b),) = D.theorem_constants([ln], x)
+    assert b == 0 and a == pytest.approx(1 / float(sigma.min()))
+
+
+@pytest.mark.parametrize("variant", ["none", "no_residual", "mask"])
+def test_temporal_stack_is_the_models_temporal_path(variant):
+    torch.manual_seed(1)
+    N = 3
+    model = TSModel(N, [torch.eye(N)], d_model=8, n_heads=2, depth=3, variant=variant).eval()
+    window = torch.cat([torch.randn(12, N, 1), torch.rand(12, N, 1)], dim=-1)
+    layers, x0 = D.temporal_stack(model, window, node=1, depth=2)
+    assert len(layers) == 6 and isinstance(layers[0], D.Shift)
+    # by hand with the model's own modules (float64 copy): h ← LN_attn((h + tod) + A(h + tod))
+    m = copy.deepcopy(model).double()
+    w = window.double()[None]
+    h = m.pos(m.speed_embed(w[..., :1]).transpose(1, 2)).transpose(1, 2)[0, :, 1]
+    torch.testing.assert_close(x0, h, **TOL)
+    tod = m.tod_embed(w[..., 1:])[0, :, 1]
+    with torch.no_grad():
+        for block in m.blocks[:2]:
+            h = block.attn(h + tod)
+        torch.testing.assert_close(D.apply_stack(layers, x0), h, **TOL)
+    torch.testing.assert_close(D.network_jacobian(layers, x0), _autograd(layers, x0), **TOL)
+    with pytest.raises(ConfigError, match="depth"):
+        D.temporal_stack(model, window, node=0, depth=4)
+    with pytest.raises(ConfigError, match="sensor index"):
+        D.temporal_stack(model, window, node=N)
+
+
+def test_depth_helpers_bad_input():
+    with pytest.raises(ConfigError, match="a >= b/T"):
+        D.depth_bound([(0.1, 5.0)], 4)
+    with pytest.raises(ConfigError, match="empty"):
+        D.depth_bound([], 4)
+    with pytest.raises(ConfigError, match="Jacobian"):
+        D.block_norm_matrix(torch.zeros(3, 4, 3, 5))
+    with pytest.raises(ConfigError, match="pre"):
+        D.post_norm_entries(toy.init_layer(4, 1, norm="pre"))
+    with pytest.raises(ConfigError, match="not covered"):
+        D.theorem_constants([nn.Linear(4, 4).double()], torch.zeros(3, 4, dtype=f64))
+
+
+def _ceilings(layers: list[nn.Module], r_star: float) -> list[tuple[float, float]]:
+    """The T-free (a_l, b_l) of the proof of dep-cor-fixed-depth, for inputs of norm ≤ r_star."""
+    out = []
+    for layer in layers:
+        if isinstance(layer, nn.LayerNorm):
+            out.append((float(layer.weight.detach().abs().max()) / math.sqrt(layer.eps), 0.0))
+            continue
+        k = J.bound(layer, toy.sphere_inputs(3, layer.d_model, torch.Generator())).constants
+        sqrt_d, D = math.sqrt(layer.d_head), 2 * r_star
+        a_diag, b_off = 1.0, 0.0
+        for nu, rho, kap, Q in zip(k["nu"], k["rho"], k["kappa"], k["Q"], strict=True):
+            q_star = Q - rho * k["R"] + rho * r_star  # ρ R* + ‖b_Q‖
+            c = nu * (1 + kap * q_star * D / sqrt_d)
+            a_diag += c + nu * rho * kap * r_star**2 / sqrt_d
+            b_off += 2 * c * math.exp(q_star * kap * D / sqrt_d)  # T/(T−1) ≤ 2, a-priori Δ
+        out.append((a_diag, b_off))
+    return out
+
+
+def test_corollary_constants_do_not_depend_on_T():
+    """dep-cor-fixed-depth: behind a LayerNorm the per-entry constants stay below T-free ceilings,
+    so T x (largest off-diagonal block) ≤ Π(a_l + b_l) of the ceilings for every T."""
+    C = 8
+    layers = [
+        _layernorm(C, 1),
+        toy.init_layer(C, 2, seed=1),
+        _layernorm(C, 2),
+        toy.init_layer(C, 1, seed=2),
+    ]
+    r_star = max(
+        float(ln.weight.detach().abs().max()) * math.sqrt(C) + float(ln.bias.detach().norm())
+        for ln in layers[::2]
+    )
+    ceil = _ceilings(layers, r_star)
+    k_l = math.prod(a + b for a, b in ceil)
+    for T in (4, 32, 160):
+        x = 5 * torch.randn(T, C, dtype=f64, generator=torch.Generator().manual_seed(T))
+        states = D.network_jacobian(layers, x, return_outputs=True)[1]
+        assert all(float(h.norm(dim=-1).max()) <= r_star for h in states[1::2])  # LN outputs
+        got = D.theorem_constants(layers, x)
+        for (a, b), (a_max, b_max) in zip(got, ceil, strict=True):
+            assert a <= a_max * (1 + 1e-12) and b <= b_max * (1 + 1e-12), (T, a, b, a_max, b_max)
+        n = D.block_norm_matrix(D.network_jacobian(layers, x))
+        off = ~torch.eye(T, dtype=torch.bool)
+        assert T * float(n[off].max()) <= k_l
