@@ -231,8 +231,7 @@ class ReleasedBlock(nn.Module):
     def forward(
         self, x: torch.Tensor, tod: torch.Tensor, attn_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y [B, T, N, C], attention weights [B, N, H, T, T])``; ``attn_mask`` from
-        :func:`diag_attn_mask`."""
+        """``(y [B, T, N, C], weights [B, N, H, T, T])``; ``attn_mask`` from :func:`diag_attn_mask`."""
         b, t, n, c = x.shape
         seq = x.transpose(1, 2).reshape(b * n, t, c)  # each sensor's sequence
         out, w = self.attn(seq, seq, seq, attn_mask=attn_mask, average_attn_weights=False)
