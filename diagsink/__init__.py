@@ -10,7 +10,7 @@ Chapter modules (``ds.<name>``):
 * :mod:`diagsink.positional`  sinusoidal, tAPE and learned positional encodings (attention chapter)
 * :mod:`diagsink.jacobian`    the layer's Jacobian, its four paths and their bounds (Jacobian, bounds)
 * :mod:`diagsink.coupling`    the query path is bounded by the logit spread (bounds chapter)
-* :mod:`diagsink.depth`       Jacobians of stacks of layers and LayerNorm (Jacobian chapter)
+* :mod:`diagsink.depth`       Jacobians of stacks of layers and LayerNorm (depth chapter)
 * :mod:`diagsink.toy`         toy layers, their inputs and sweeps over T (Jacobian, bounds, scaling)
 * :mod:`diagsink.parroting`   the parroting task and its measurements (parroting chapter;
   the tasks themselves in :mod:`diagsink.parrot_tasks`)
@@ -22,6 +22,7 @@ Chapter modules (``ds.<name>``):
   PyTorch model (the chapter "Your own model")
 * :mod:`diagsink.scaling`     costs and memory as the graph and T grow (scaling chapter)
 * :mod:`diagsink.variants`    the paper's five variants: names, letters, labels, layer arguments
+* :mod:`diagsink.released`    what the paper's released code does, re-stated and tested (METR-LA, model, results)
 * :mod:`diagsink.runtime`     quick/full mode, data folder, device (:func:`settings`, :func:`pick`)
 
 Machinery (subpackages): :mod:`diagsink.data` (METR-LA, windows, graph, baselines, toy data),
@@ -52,6 +53,7 @@ from . import (  # noqa: E402  (the submodules read __version__)
     plotting,
     positional,
     probe,
+    released,
     scaling,
     sensitivity,
     sparse,
@@ -83,6 +85,7 @@ __all__ = [
     "plotting",
     "positional",
     "probe",
+    "released",
     "scaling",
     "sensitivity",
     "sparse",
