@@ -5,9 +5,8 @@ optimiser, schedule, early stopping, data split. Three ship with the package
 (``diagsink/configs/<name>.yaml``):
 
 * ``paper``: the released configuration of the paper (12 blocks, d = 72, 8 heads, ...);
-* ``book``: smaller, sized for all five variants x 4 seeds within 10 minutes on one H200
-  (an estimate until a GPU run exists; ``train.time_limit_s`` enforces the budget: no new
-  epoch starts once an epoch of average length would exceed it);
+* ``book``: smaller, a fixed 12 epochs for every variant; all five variants x 4 seeds are
+  estimated at 5-13 minutes on one H200 (an estimate until a GPU run exists);
 * ``quick``: a tiny model for 2 CPU cores (CI, readers without a GPU).
 
 :func:`load_config` returns a plain nested ``dict``; a misspelt key, a missing key or an
