@@ -2,8 +2,8 @@
 
 The student notebooks rely on this: an exercise that is not done yet must show up as
 exactly that error, never as a misleading hint ("return two numbers ...").
-Also: the packing exercise of the appendix "Making it fast" (``ex-fast-pack``) passes the
-right answer and names each typical mistake.
+Also: the two exercises of the appendix "Making it fast" (``ex-fast-pack``,
+``ex-fast-groups``) pass the right answer and name each typical mistake.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import diagsink as ds
+from diagsink.exercises.fast import reference_groups
 
 LABELS = ds.exercises.labels()
 
@@ -78,3 +79,39 @@ def test_pack_check_names_the_mistake(wrong, hint: str):
 def test_the_pack_exercise_moved_to_the_appendix():
     labels = set(LABELS)
     assert "ex-fast-pack" in labels and "ex-attention-pack" not in labels
+
+
+def _choose_groups(n_seq: int, T: int, pack_length: int) -> int:
+    """The right answer of ``ex-fast-groups``, written independently of the package."""
+    fits = [g for g in range(1, pack_length // T + 1) if n_seq % g == 0]
+    return max(fits) if 2 * T <= pack_length else 1
+
+
+def test_groups_rule_is_the_packages():
+    cpu = torch.device("cpu")
+    for n_seq in range(1, 120):
+        for T in range(1, 30):
+            expected = ds._packing.pack_groups(n_seq, T, cpu)
+            assert reference_groups(n_seq, T, ds._packing.PACK_LENGTH) == expected
+            assert _choose_groups(n_seq, T, ds._packing.PACK_LENGTH) == expected
+
+
+def test_groups_check_passes_the_right_answer():
+    assert ds.exercises.check("ex-fast-groups", _choose_groups, strict=True).passed
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (lambda n, T, L: max(L // T, 1), "does not divide"),
+        (lambda n, T, L: 1, "take the largest"),
+        (lambda n, T, L: float(_choose_groups(n, T, L)), "return an int"),
+        (lambda n, T, L: _choose_groups(n, T, L) if T <= L else 0, "at least 1"),
+        (lambda n, T, L: 2 if 2 * T > L else _choose_groups(n, T, L), "G T ="),
+    ],
+    ids=["no-divisor", "always-one", "float", "zero", "too-long"],
+)
+def test_groups_check_names_the_mistake(wrong, hint: str):
+    for _ in range(5):  # fresh cases on every call: the mistake shows in at least one of them
+        result = ds.exercises.check("ex-fast-groups", wrong)
+        assert not result.passed and hint in result.message, result.message

@@ -3,6 +3,9 @@
 * ``ex-fast-pack``: ``block_bias(T, G)``, the ``[G T, G T]`` bias that keeps ``G`` sequences
   packed end to end apart (``0`` within a sequence, ``-inf`` between), as the layer's fast
   path builds it (:func:`diagsink._packing.pack_diagonal_bias`).
+* ``ex-fast-groups``: ``choose_groups(n_seq, T, pack_length)``, how many sequences to pack into
+  one: the largest ``G`` with ``G T <= pack_length`` that divides ``n_seq``, 1 when
+  ``2 T > pack_length`` (the rule of :func:`diagsink._packing.pack_groups` on the CPU).
 
 The check draws fresh random inputs, compares with the package's reference and returns
 ``None`` or a hint that names the kind of mistake (never the solution).
@@ -10,6 +13,7 @@ The check draws fresh random inputs, compares with the package's reference and r
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 
 import torch
@@ -17,7 +21,7 @@ import torch
 from .._packing import pack_diagonal_bias
 from . import compare_tensors, fresh_generator, register
 
-__all__ = ["check_block_bias"]
+__all__ = ["check_block_bias", "check_choose_groups", "reference_groups"]
 
 
 def _randint(gen: torch.Generator, low: int, high: int) -> int:
@@ -95,3 +99,60 @@ def _hint(got: torch.Tensor, expected: torch.Tensor, t: int, g: int) -> str | No
             "use -inf, which gives exactly 0."
         )
     return compare_tensors(got, expected, name=f"block_bias({t}, {g})")
+
+
+# ---------------------------------------------------------------------------------------------
+def reference_groups(n_seq: int, length: int, pack_length: int) -> int:
+    """The rule of :func:`diagsink._packing.pack_groups` (CPU, no dropout), any ``pack_length``."""
+    if 2 * length > pack_length:
+        return 1
+    groups = pack_length // length
+    while n_seq % groups:
+        groups -= 1
+    return groups
+
+
+def _cases(gen: torch.Generator) -> list[tuple[int, int, int]]:
+    """Fresh ``(n_seq, T, pack_length)``: packable, not divisible, too long, a prime count."""
+    t = _randint(gen, 2, 12)
+    pack_length = t * _randint(gen, 2, 6) + _randint(gen, 0, t - 1)  # not always a multiple
+    groups = pack_length // t
+    return [
+        (groups * _randint(gen, 1, 50), t, pack_length),  # the largest G divides
+        (groups * _randint(gen, 1, 50) + 1, t, pack_length),  # it does not: a smaller G
+        (_randint(gen, 1, 500), pack_length // 2 + 1, pack_length),  # too long to pack
+        (_randint(gen, 1, 500), pack_length + _randint(gen, 1, 9), pack_length),  # longer still
+        (_randint(gen, 1, 500), t, pack_length),
+        (101, 2, 48),  # a prime number of sequences: nothing larger than 1 divides it
+        (828, 12, 24),  # METR-LA-like: 4 samples x 207 sensors, T = 12, the package's length
+    ]
+
+
+@register("ex-fast-groups")
+def check_choose_groups(choose_groups: Callable[[int, int, int], int]) -> str | None:
+    """Fresh ``(n_seq, T, pack_length)`` cases; the answer must be the rule's ``G`` in each."""
+    for n_seq, t, pack_length in _cases(fresh_generator()):
+        got = choose_groups(n_seq, t, pack_length)
+        want = reference_groups(n_seq, t, pack_length)
+        call = f"choose_groups({n_seq}, {t}, {pack_length})"
+        if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+            return f"{call} returned {type(got).__name__}; return an int (the number G)."
+        got = int(got)
+        if got == want:
+            continue
+        if got < 1:
+            return f"{call} returned {got}: G is at least 1 (1 means: no packing)."
+        if got * t > pack_length:
+            too_long = (
+                " (2 T > pack_length: not even two fit, so G = 1)" if 2 * t > pack_length else ""
+            )
+            return (
+                f"{call} returned {got}: G T = {got * t} > pack_length = {pack_length}{too_long}."
+            )
+        if n_seq % got:
+            return (
+                f"{call} returned {got}, which does not divide the {n_seq} sequences: the packed "
+                "batch must hold whole packs (try smaller G until it divides)."
+            )
+        return f"{call} returned {got}: a larger G also divides {n_seq} and fits; take the largest."
+    return None
