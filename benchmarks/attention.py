@@ -1,15 +1,23 @@
-"""Benchmark: forward + backward time of ``ds.TemporalAttention`` for every ``diag`` option, against ``nn.MultiheadAttention``.
+"""Benchmark: forward + backward time of ``ds.TemporalAttention``, every ``diag``, against MHA.
+
+MHA is ``nn.MultiheadAttention``.
 
 Usage::
 
     python benchmarks/attention.py            # small sizes (quick; about a minute on 2 CPU cores)
-    python benchmarks/attention.py --full     # the issue's sizes: 64 x 207 sequences of T = 12, and T = 288, 1024
+    python benchmarks/attention.py --full     # 64 x 207 sequences of T = 12; T = 288, 1024
     python benchmarks/attention.py --rounds 9 --threads 2 --device cuda
     python benchmarks/attention.py --threads 1 --clock cpu   # steadier on a busy shared CPU
+    python benchmarks/attention.py --out my.json   # where the JSON goes (default below)
+
+Every run prints the tables and writes them, with their provenance (UTC time, git commit,
+machine, torch, threads, clock), to ``benchmarks/results/attention_<device>.json``; the book's
+appendix "Making it fast" (``book/fast.ipynb``) loads that file and types no number itself.
 
 Shapes: METR-LA-like (batch x 207 nodes, T = 12, C = 64, 8 heads) and long sequences
 (T = 288 and 1024, a smaller batch). For each shape every variant runs a training step's
-forward and backward pass (``y.backward(g)``, train mode, our layer without the residual so that it computes exactly what ``nn.MultiheadAttention`` computes).
+forward and backward pass (``y.backward(g)``, train mode, our layer without the residual so
+that it computes exactly what ``nn.MultiheadAttention`` computes).
 The variants are timed in interleaved rounds (so a load spike on a shared machine hits all
 of them alike); the table reports the best and the median round and the ratios of the best
 rounds, all measured in this one run. ``--clock wall`` (default) measures elapsed time;
@@ -36,12 +44,14 @@ Targets (flagged in the output):
   ``nn.MultiheadAttention`` (``need_weights=False``, its fastest setting) on the same shapes;
 * every regularizer is within 10 % of ``diag=None``.
 
-The layer is explained in ``book/attention.ipynb``.
+The layer is explained in ``book/attention.ipynb``, its fast path in ``book/fast.ipynb``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import statistics
 import sys
@@ -52,7 +62,9 @@ import torch
 from torch import nn
 
 import diagsink as ds
+from diagsink._io import atomic_write_text
 from diagsink.engine.provenance import (
+    device_name,
     git_commit,  # the commit the artifacts record (DIAGSINK_GIT_COMMIT without .git)
 )
 
@@ -64,6 +76,10 @@ QUICK_SHAPES = [  # (label, leading shape, T)
     ("long, T=288, batch 8", (8,), 288),
     ("long, T=1024, batch 2", (2,), 1024),
 ]
+SMOKE_SHAPES = [  # seconds, for the tests of this script (timings meaningless)
+    ("METR-LA-like, batch 1 x 6 nodes", (1, 6), 12),
+    ("long, T=40, batch 2", (2,), 40),
+]
 FULL_SHAPES = [
     ("METR-LA-like, batch 64 x 207 nodes", (64, 207), 12),
     ("long, T=288, batch 64", (64,), 288),
@@ -72,7 +88,7 @@ FULL_SHAPES = [
 
 
 def variants(d_model: int, n_heads: int, dropout: float = 0.0) -> dict[str, tuple[nn.Module, dict]]:
-    """name -> (module, call options). All of ours share one set of weights; ``dropout`` = attention dropout."""
+    """name -> (module, call options); ours share one set of weights; ``dropout``: attention's."""
     base = ds.TemporalAttention(d_model, n_heads, residual=False, dropout=dropout)
     out: dict[str, tuple[nn.Module, dict]] = {}
     mha = nn.MultiheadAttention(d_model, n_heads, dropout=dropout, batch_first=True)
@@ -154,13 +170,14 @@ def bench_shape(
 
 def diagnose(
     lead: tuple[int, ...], T: int, C: int, H: int, rounds: int, device: torch.device
-) -> str:
+) -> tuple[str, dict[str, float | int]]:
     """Where a regularizer's extra time goes: the fused kernel with a mask, or building the bias.
 
     Times ``scaled_dot_product_attention`` alone (forward + backward, the layer's 4-D layout)
     without a mask and with the ``[T, T]`` float bias, and, where the layer packs sequences,
     on the packed layout with its block bias; and the time to build a bias once (what every
-    forward pass does).
+    forward pass does). Returns the ``cause:`` line and its numbers (milliseconds,
+    microseconds, ``groups`` = the layer's ``G``).
     """
     torch.manual_seed(0)
     n_seq = 1
@@ -204,8 +221,9 @@ def diagnose(
     packed_note = ""
     if groups > 1:
         packed_note = (
-            f"; the layer packs {groups} sequences of T={T} into one (pack_groups), where the kernel with the "
-            f"packed bias takes {1e3 * best['packed']:.1f} ms ({best['packed'] / none:.2f} x the unpacked kernel without a mask)"
+            f"; the layer packs {groups} sequences of T={T} into one (pack_groups), where the "
+            f"kernel with the packed bias takes {1e3 * best['packed']:.1f} ms "
+            f"({best['packed'] / none:.2f} x the unpacked kernel without a mask)"
         )
     builds = {}
     for name, kw in (
@@ -219,18 +237,34 @@ def diagnose(
             ds.diagonal_bias(T, device=device, **kw)
         sync(device)
         builds[name] = (CLOCK() - start) / reps
-    return (
-        f"cause: scaled_dot_product_attention alone (fwd+bwd) takes {1e3 * none:.1f} ms without a mask and "
-        f"{1e3 * masked:.1f} ms with the [T, T] bias ({masked / none:.2f} x); building the bias takes "
-        f"{1e6 * builds['penalty']:.0f} us (penalty, uncached) / {1e6 * builds['dropout']:.0f} us (a fresh dropout pattern) "
-        f"per forward pass{packed_note}."
+    numbers: dict[str, float | int] = {
+        "groups": groups,
+        "kernel_ms": 1e3 * none,
+        "kernel_masked_ms": 1e3 * masked,
+        "build_penalty_us": 1e6 * builds["penalty"],
+        "build_dropout_us": 1e6 * builds["dropout"],
+    }
+    if groups > 1:
+        numbers["kernel_packed_ms"] = 1e3 * best["packed"]
+    text = (
+        f"cause: scaled_dot_product_attention alone (fwd+bwd) takes {1e3 * none:.1f} ms without "
+        f"a mask and {1e3 * masked:.1f} ms with the [T, T] bias ({masked / none:.2f} x); "
+        f"building the bias takes {1e6 * builds['penalty']:.0f} us (penalty, uncached) / "
+        f"{1e6 * builds['dropout']:.0f} us (a fresh dropout pattern) per forward pass"
+        f"{packed_note}."
     )
+    return text, numbers
 
 
 def report(
     label: str, lead: tuple[int, ...], T: int, C: int, H: int, times: dict[str, list[float]]
-) -> list[str]:
-    """Print the table of one shape; return the missed targets."""
+) -> tuple[list[str], dict[str, dict]]:
+    """Print the table of one shape; return the missed targets and the table's rows.
+
+    Rows: variant -> ``best_ms``, ``median_ms``, ``rounds_ms`` (every timed round),
+    ``over_fast_path`` and ``over_mha`` (ratios of the best rounds), ``target`` and ``met``
+    (``None`` where the variant has no target).
+    """
     best = {name: min(ts) for name, ts in times.items()}
     ref, mha = best["diag=None (fast path)"], best["nn.MultiheadAttention"]
     n_seq = 1
@@ -238,34 +272,67 @@ def report(
         n_seq *= n
     print(f"\n## {label}: x {list((*lead, T, C))}, {H} heads ({n_seq} sequences of T={T})")
     print(
-        f"{'variant':34s} {'best ms':>9s} {'median ms':>10s} {'/ diag=None':>12s} {'/ MHA':>7s}  target"
+        f"{'variant':34s} {'best ms':>9s} {'median ms':>10s} {'/ diag=None':>12s} "
+        f"{'/ MHA':>7s}  target"
     )
-    missed = []
+    missed, rows = [], {}
     for name, ts in times.items():
         ratio, vs_mha = best[name] / ref, best[name] / mha
-        flag = ""
+        flag, target, ok = "", None, None
         if name == "diag=None (fast path)":
-            ok = vs_mha <= TARGET_MHA
-            flag = f"<= {TARGET_MHA:.2f} x MHA: {'OK' if ok else 'MISSED'}"
+            target, ok = f"<= {TARGET_MHA:.2f} x MHA", vs_mha <= TARGET_MHA
             if not ok:
                 missed.append(f"{label}: fast path {vs_mha:.2f} x MHA")
         elif name.startswith("diag='"):
-            ok = ratio <= TARGET_REG
-            flag = f"<= {TARGET_REG:.2f} x diag=None: {'OK' if ok else 'MISSED'}"
+            target, ok = f"<= {TARGET_REG:.2f} x diag=None", ratio <= TARGET_REG
             if not ok:
                 missed.append(f"{label}: {name} {ratio:.2f} x diag=None")
+        if target is not None:
+            flag = f"{target}: {'OK' if ok else 'MISSED'}"
         print(
-            f"{name:34s} {1e3 * best[name]:9.1f} {1e3 * statistics.median(ts):10.1f} {ratio:12.2f} {vs_mha:7.2f}  {flag}"
+            f"{name:34s} {1e3 * best[name]:9.1f} {1e3 * statistics.median(ts):10.1f} "
+            f"{ratio:12.2f} {vs_mha:7.2f}  {flag}"
         )
-    return missed
+        rows[name] = {
+            "best_ms": 1e3 * best[name],
+            "median_ms": 1e3 * statistics.median(ts),
+            "rounds_ms": [1e3 * t for t in ts],
+            "over_fast_path": ratio,
+            "over_mha": vs_mha,
+            "target": target,
+            "met": ok,
+        }
+    return missed, rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def machine() -> str:
+    """The CPU's model name (``/proc/cpuinfo``) and core count, else what ``platform`` knows."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            models = [ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")]
+        if models:
+            name = models[0]
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} logical cores, {platform.system()} {platform.machine()}"
+
+
+def default_out(device: torch.device) -> str:
+    """``benchmarks/results/attention_<device type>.json``, next to this script."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(here, "results", f"attention_{device.type}.json")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small sizes (the default)")
     size.add_argument(
         "--full", action="store_true", help="the issue's sizes (64 x 207 sequences; T = 288, 1024)"
+    )
+    size.add_argument(
+        "--smoke", action="store_true", help="tiny sizes for the tests (timings meaningless)"
     )
     parser.add_argument(
         "--rounds",
@@ -290,25 +357,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--attn-dropout",
         default="0,0.1",
-        help="comma-separated attention-dropout rates to run every shape with (default 0,0.1: without, and as the "
-        "book's and the paper's models train)",
+        help="comma-separated attention-dropout rates to run every shape with (default 0,0.1: "
+        "without, and as the book's and the paper's models train)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="JSON file of the tables (default benchmarks/results/attention_<device>.json)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     rates = [float(r) for r in args.attn_dropout.split(",") if r.strip()]
     if args.threads:
         torch.set_num_threads(args.threads)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     device = torch.device(args.device or ds.settings().device)
-    shapes = FULL_SHAPES if args.full else QUICK_SHAPES
+    sizes = "full" if args.full else "smoke" if args.smoke else "quick"
+    shapes = {"full": FULL_SHAPES, "smoke": SMOKE_SHAPES, "quick": QUICK_SHAPES}[sizes]
     rounds = args.rounds or (5 if args.full else 7)
-    print("# TemporalAttention vs nn.MultiheadAttention: forward + backward, float32, train mode")
-    print(
-        f"UTC {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}, git commit {git_commit()}, {platform.processor() or platform.machine()}"
-    )
+    table: dict = {
+        "benchmark": "TemporalAttention vs nn.MultiheadAttention: forward + backward, float32, "
+        "train mode",
+        "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "git_commit": git_commit(),
+        "machine": machine(),
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "sizes": sizes,
+        "rounds": rounds,
+        "clock": args.clock,
+        "d_model": args.d_model,
+        "heads": args.heads,
+        "targets": {"fast_path_over_mha": TARGET_MHA, "regularizer_over_fast_path": TARGET_REG},
+        "shapes": [],
+    }
+    print(f"# {table['benchmark']}")
+    print(f"UTC {table['utc']}, git commit {table['git_commit']}, {table['machine']}")
     print(
         f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, "
-        f"python {platform.python_version()}, {'full' if args.full else 'quick'} sizes, {rounds} rounds, "
+        f"python {platform.python_version()}, {sizes} sizes, {rounds} rounds, "
         f"{args.clock} clock"
     )
     started = time.perf_counter()
@@ -319,21 +412,34 @@ def main(argv: list[str] | None = None) -> int:
             + (
                 "  (the CPU runs the fused kernel)"
                 if rate == 0
-                else "  (train mode: on the CPU, MHA runs PyTorch's unfused math path and our layer its explicit path)"
+                else "  (train mode: on the CPU, MHA runs PyTorch's unfused math path and our "
+                "layer its explicit path)"
             )
         )
         for label, lead, T in shapes:
             times = bench_shape(lead, T, args.d_model, args.heads, rounds, device, rate)
-            missed += report(
+            miss, rows = report(
                 f"{label}, attention dropout {rate:g}", lead, T, args.d_model, args.heads, times
             )
+            missed += miss
+            entry = {"label": label, "lead": list(lead), "T": T, "attn_dropout": rate}
+            entry["n_seq"] = int(torch.Size(lead).numel())
+            entry["variants"] = rows
             if rate == 0:
-                print(diagnose(lead, T, args.d_model, args.heads, rounds, device))
-    print(f"\nwall time {time.perf_counter() - started:.0f} s")
+                text, entry["cause"] = diagnose(lead, T, args.d_model, args.heads, rounds, device)
+                print(text)
+            table["shapes"].append(entry)
+    table["wall_s"] = time.perf_counter() - started
+    table["missed"] = missed
+    print(f"\nwall time {table['wall_s']:.0f} s")
     if missed:
         print("targets missed:\n  " + "\n  ".join(missed))
     else:
         print("all targets met")
+    out = args.out or default_out(device)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    atomic_write_text(out, json.dumps(table, indent=1) + "\n")
+    print(f"written: {out}")
     return 0
 
 

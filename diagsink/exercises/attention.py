@@ -5,8 +5,6 @@
 * ``ex-attention-mask``: ``diag_masked_attention(scores)``, the softmax over keys with the
   diagonal logits set to ``-inf`` (a step never attends to itself).
 * ``ex-attention-tape``: ``tape(T, C)``, the tAPE table of Foumani et al. (2024).
-* ``ex-attention-pack``: ``block_bias(T, G)``, the ``[G T, G T]`` bias that keeps ``G``
-  sequences packed end to end apart (``0`` within a sequence, ``-inf`` between).
 
 Each check draws fresh random inputs, compares with the package's reference and returns
 ``None`` or a hint that names the kind of mistake (never the solution).
@@ -19,7 +17,6 @@ from collections.abc import Callable
 
 import torch
 
-from .._packing import pack_diagonal_bias
 from ..positional import sinusoidal_table, tape_table
 from . import compare_tensors, fresh_generator, register
 
@@ -27,7 +24,6 @@ __all__ = [
     "check_penalised_scores",
     "check_diag_masked_attention",
     "check_tape",
-    "check_block_bias",
 ]
 
 
@@ -190,56 +186,3 @@ def check_tape(tape: Callable[[int, int], torch.Tensor]) -> str | None:
     return compare_tensors(
         tape(c, c), sinusoidal_table(c, c, dtype=torch.float64), name=f"tape({c}, {c})", **tol
     )
-
-
-# ---------------------------------------------------------------------------------------------
-@register("ex-attention-pack")
-def check_block_bias(block_bias: Callable[[int, int], torch.Tensor]) -> str | None:
-    """Fresh ``T >= 2`` and ``G >= 2``; then packed attention must equal attention one sequence at a time."""
-    gen = fresh_generator()
-    t, g = _randint(gen, 2, 7), _randint(gen, 2, 4)
-    got = block_bias(t, g)
-    expected = pack_diagonal_bias(torch.zeros(t, dtype=torch.float64), g)
-    if not isinstance(got, torch.Tensor):
-        return f"block_bias({t}, {g}) returned {type(got).__name__}; return a tensor of shape [G T, G T]."
-    if tuple(got.shape) != (g * t, g * t):
-        return f"block_bias({t}, {g}) has shape {list(got.shape)}; it must be [G T, G T] = {[g * t, g * t]}."
-    got = got.detach().to(torch.float64)
-    if torch.equal(got, expected):
-        q, k, v = torch.randn(3, g, t, 4, generator=gen, dtype=torch.float64)
-        alone = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v  # [G, T, 4]
-        packed = torch.softmax(
-            q.reshape(g * t, 4) @ k.reshape(g * t, 4).T / 2.0 + got, dim=-1
-        ) @ v.reshape(g * t, 4)
-        return compare_tensors(
-            packed.reshape(g, t, 4), alone, name="packed attention with your bias"
-        )
-    inf = float("-inf")
-    same = expected == 0
-    interleaved = torch.kron(
-        torch.ones(g, g), torch.eye(t)
-    ).bool()  # step i of every sequence together
-    wrong = [
-        (
-            torch.zeros(g * t, g * t).masked_fill(same, inf),
-            "0 and -inf are swapped: a step must see its own sequence (bias 0) and not the others (-inf).",
-        ),
-        (
-            torch.zeros(g * t, g * t).masked_fill(~interleaved, inf),
-            "the sequences lie one after another: sequence g holds steps g*T ... g*T + T - 1, not every G-th step.",
-        ),
-        (
-            same.double(),
-            "use 0 within a sequence and -inf between sequences (not 1 and 0): the bias is added to the logits.",
-        ),
-    ]
-    for candidate, hint in wrong:
-        if torch.equal(got, candidate.to(torch.float64)):
-            return hint
-    if (
-        bool((got[~same] < -1e3).all())
-        and bool(torch.isfinite(got[~same]).all())
-        and bool((got[same] == 0).all())
-    ):
-        return "almost: a large negative number still gives a tiny weight across sequences; use -inf, which gives exactly 0."
-    return compare_tensors(got, expected, name=f"block_bias({t}, {g})")
