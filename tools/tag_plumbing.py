@@ -9,8 +9,9 @@ Never plumbing (the cell stays open):
   - it checks something: an ``assert`` statement, or a call whose name starts with
     ``assert`` (``torch.testing.assert_close``, ``np.testing.assert_allclose``), or
     ``exercises.check(...)``; or it is part of an exercise (a tag ``exercise-*``);
+  - it defines a function or class (``def``, ``class``): it implements something;
   - it binds a name that a later code cell of the chapter reads before binding it itself
-    (an assignment, ``for``, ``with ... as``, a ``def`` or ``class``; see ``free_names``): it
+    (an assignment, ``for``, ``with ... as``; see ``free_names``): it
     computes something the text builds on. Names bound by ``import`` do not count (importing
     is plumbing), nor do names a later cell binds afresh (``fig, ax = ...``, loop variables);
   - its code does not parse as Python (an IPython magic line is skipped first).
@@ -92,6 +93,12 @@ def _call_name(node: ast.AST) -> str:
     return ""
 
 
+def _defines(tree: ast.Module) -> bool:
+    return any(
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in ast.walk(tree)
+    )
+
+
 def _checks(tree: ast.Module) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.Assert):
@@ -102,22 +109,52 @@ def _checks(tree: ast.Module) -> bool:
     return False
 
 
+def _scoped(node: ast.AST) -> bool:
+    """A node with its own scope: names bound inside it do not leak into the cell."""
+    return isinstance(
+        node,
+        (
+            ast.FunctionDef,
+            ast.AsyncFunctionDef,
+            ast.ClassDef,
+            ast.Lambda,
+            ast.ListComp,
+            ast.SetComp,
+            ast.DictComp,
+            ast.GeneratorExp,
+        ),
+    )
+
+
+def _all_stores(node: ast.AST) -> set[str]:
+    """Every name bound anywhere inside ``node``, local scopes included (and arguments)."""
+    names = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+        elif isinstance(n, ast.arg):
+            names.add(n.arg)
+    return names
+
+
+def _walk_outer(node: ast.AST):
+    """Like ``ast.walk``, but not into function, class, lambda or comprehension bodies."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if _scoped(child):
+            yield child  # the def/class itself binds its name; its body is its own scope
+        else:
+            yield from _walk_outer(child)
+
+
 def bound_names(tree: ast.Module) -> set[str]:
     """Names a cell binds at module level (not by ``import``): assignments, loops, defs."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _walk_outer(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
-    # names bound inside a function or class body are local: drop them again
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
-                    names.discard(inner.id)
-                if isinstance(inner, ast.arg):
-                    names.discard(inner.arg)
     return names
 
 
@@ -135,12 +172,12 @@ def free_names(tree: ast.Module) -> set[str]:
         loads = {
             n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
         }
-        stores = bound_names(ast.Module(body=[stmt], type_ignores=[]))
+        stores = _all_stores(stmt)  # loop, comprehension and local variables included
         if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
             loads.add(stmt.target.id)
             stores.discard(stmt.target.id)
         free |= loads - bound - stores
-        bound |= stores
+        bound |= bound_names(ast.Module(body=[stmt], type_ignores=[]))
         if isinstance(stmt, (ast.Import, ast.ImportFrom)):
             bound |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
     return free
@@ -161,7 +198,7 @@ def plumbing_kind(cells: list[dict], index: int) -> str | None:
         return None
     code = source(cell)
     tree = _parse(code)
-    if tree is None or not tree.body or _checks(tree):
+    if tree is None or not tree.body or _checks(tree) or _defines(tree):
         return None
     later: set[str] = set()
     for other in cells[index + 1 :]:
