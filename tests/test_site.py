@@ -142,6 +142,7 @@ class PageVisit:
         self.host = urlparse(server).netloc
         self.problems: list[str] = []
         self.context = browser.new_context(viewport={"width": VIEWPORT_WIDTH, "height": 900})
+        self.context.set_default_timeout(60_000)  # a loaded 2-core CI machine is slow
         self.page = self.context.new_page()
         self.page.route("**/*", self._route)
         self.page.on("console", self._console)
@@ -298,9 +299,11 @@ def _overflow_problems(page) -> list[str]:
                 if (extra <= 1) continue;  // sub-pixel rounding
                 const cell = box.closest('.cell');
                 const cells = Array.from(document.querySelectorAll('.cell'));
+                const input = cell && cell.querySelector('.cell_input pre');
+                const code = input ? input.innerText.trim().split('\\n')[0].slice(0, 50) : '';
                 const line = (box.innerText || '').split('\\n')
                     .reduce((a, b) => (b.length > a.length ? b : a), '');
-                out.push({cell: cells.indexOf(cell), tag: box.tagName.toLowerCase(),
+                out.push({cell: cells.indexOf(cell), code: code, tag: box.tagName.toLowerCase(),
                           cls: box.className, width: box.clientWidth, extra: extra,
                           line: line.slice(0, 70)});
             }
@@ -315,8 +318,9 @@ def _overflow_problems(page) -> list[str]:
             continue
         seen.add((b["cell"], b["line"]))
         problems.append(
-            f"output of code cell {b['cell']} overflows by {b['extra']} px "
-            f"(<{b['tag']} class={b['cls']!r}>, {b['width']} px wide), longest line {b['line']!r}"
+            f"code cell {b['cell'] + 1} of the page ({b['code']!r}...): its output overflows by "
+            f"{b['extra']} px (<{b['tag']} class={b['cls']!r}>, {b['width']} px wide), "
+            f"longest line {b['line']!r}"
         )
     return problems[::-1]
 
