@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from PIL import Image
 
 from diagsink.course import toc_entries
 
@@ -199,8 +201,6 @@ tag_plumbing = _tool("tag_plumbing")
 
 def test_logo_files_are_what_the_script_draws():
     """``book/_static`` holds exactly what ``tools/draw_logo.py`` draws (pixels and SVG text)."""
-    from PIL import Image  # matplotlib's dependency; only this test reads images
-
     static = ROOT / "book" / "_static"
     assert (static / "logo.svg").read_text() == draw_logo.logo_svg(), (
         "book/_static/logo.svg differs from the script: run `python tools/draw_logo.py`"
@@ -229,8 +229,6 @@ def test_logo_shows_a_bright_diagonal():
 
 def test_config_references_the_logo_and_favicon():
     """``_config.yml`` points the logo and ``html.favicon`` at files that exist."""
-    import yaml  # the only YAML read of this module
-
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     logo, favicon = config.get("logo"), (config.get("html") or {}).get("favicon")
     assert logo and (ROOT / logo).is_file(), f"logo {logo!r} is missing: set it in _config.yml"
