@@ -310,19 +310,19 @@ def _overflow_problems(page) -> list[str]:
             return out;
         }"""
     )
-    # report a box once (the innermost overflowing element of a cell explains its parents)
-    seen: set[tuple[int, str]] = set()
+    # one line per code cell: its widest overflow and how many boxes overflow
+    by_cell: dict[int, list[dict]] = {}
+    for b in boxes:
+        by_cell.setdefault(b["cell"], []).append(b)
     problems = []
-    for b in reversed(boxes):
-        if (b["cell"], b["line"]) in seen:
-            continue
-        seen.add((b["cell"], b["line"]))
+    for cell, found in by_cell.items():
+        worst = max(found, key=lambda b: b["extra"])
         problems.append(
-            f"code cell {b['cell'] + 1} of the page ({b['code']!r}...): its output overflows by "
-            f"{b['extra']} px (<{b['tag']} class={b['cls']!r}>, {b['width']} px wide), "
-            f"longest line {b['line']!r}"
+            f"code cell {cell + 1} of the page ({worst['code']!r}...): {len(found)} output "
+            f"box(es) overflow, by up to {worst['extra']} px (<{worst['tag']} "
+            f"class={worst['cls']!r}>, {worst['width']} px wide); longest line {worst['line']!r}"
         )
-    return problems[::-1]
+    return problems
 
 
 _COUNT = {

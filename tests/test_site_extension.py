@@ -159,6 +159,7 @@ def test_favicon_linked_and_copied_to_the_site_root(shown):
     assert re.search(r'<link rel="icon" href="_static/favicon.ico"\s*/?>', shown["demo"])
     assert shown["_root_favicon"] == (STATIC / "favicon.ico").read_bytes().hex()
     assert "logo.svg" in shown["demo"]
+    assert re.search(r'<link rel="stylesheet"[^>]*href="_static/diagsink.css', shown["demo"])
 
 
 @pytest.mark.slow

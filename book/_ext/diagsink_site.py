@@ -35,7 +35,8 @@ solutions that really hide.
 6. **A favicon at the site root too.** ``html.favicon`` (``book/_static/favicon.ico``, drawn
    by ``tools/draw_logo.py``) gives every page a ``<link rel="icon">``; a browser that still
    asks for ``/favicon.ico`` (some do, for pages opened from a bookmark) finds the same file
-   there, so no request for an icon fails.
+   there, so no request for an icon fails. ``book/_static/diagsink.css`` (the logo's size)
+   is added to every page, with ``book/_static`` as a static folder.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from sphinx.errors import ExtensionError
 from sphinx.transforms import SphinxTransform
 
 MATHJAX_PATH = "mathjax/tex-chtml.js"  # relative to _static
+STATIC = Path(__file__).resolve().parents[1] / "_static"  # book/_static
+SITE_CSS = "diagsink.css"
 
 
 # --------------------------------------------------------------------------- MathJax
@@ -92,6 +95,16 @@ def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
     # keep the one bundle we load plus every folder it may load components from
     skip = {p.name for p in es5.glob("*.js") if p.name != "tex-chtml.js"}
     shutil.copytree(es5, target, dirs_exist_ok=True, ignore=lambda d, names: [n for n in names if Path(d) == es5 and n in skip])
+
+
+def _add_site_css(app: Sphinx, config) -> None:
+    """Serve ``book/_static`` (the logo, the favicon, the site CSS) and load the CSS."""
+    if not (STATIC / SITE_CSS).is_file():
+        raise ExtensionError(f"{STATIC / SITE_CSS} is missing (the site's CSS)")
+    paths = list(config.html_static_path or [])
+    if str(STATIC) not in paths:
+        config.html_static_path = [*paths, str(STATIC)]
+    app.add_css_file(SITE_CSS)
 
 
 def _copy_favicon_to_root(app: Sphinx, exception: Exception | None) -> None:
@@ -292,6 +305,7 @@ def _skip_namedtuple_fields(app: Sphinx, what: str, name: str, obj, skip: bool, 
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _set_path)
     app.connect("config-inited", _set_default_mode)
+    app.connect("config-inited", _add_site_css)
     app.connect("build-finished", _copy_mathjax)
     app.connect("build-finished", _copy_favicon_to_root)
 
