@@ -3,11 +3,15 @@ form a proper hierarchy, and the API page documents every module of the package.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from PIL import Image
 
 from diagsink.course import toc_entries
 
@@ -177,3 +181,133 @@ def test_chapters_import_the_package_in_one_style(path: Path):
             ):
                 bad.append(f"cell {i}: {line}")
     assert not bad, f"{path.name}: imports outside the book's style: {bad}"
+
+
+# -- the site's logo and favicon, and the quiet-plumbing rule (issue 18, items 2 and 8) -------
+
+
+def _tool(name: str):
+    """Load ``tools/<name>.py`` as a module (``tools/`` is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+draw_logo = _tool("draw_logo")
+tag_plumbing = _tool("tag_plumbing")
+
+
+def test_logo_files_are_what_the_script_draws():
+    """``book/_static`` holds exactly what ``tools/draw_logo.py`` draws (pixels and SVG text)."""
+    static = ROOT / "book" / "_static"
+    assert (static / "logo.svg").read_text() == draw_logo.logo_svg(), (
+        "book/_static/logo.svg differs from the script: run `python tools/draw_logo.py`"
+    )
+    with Image.open(static / "logo.png") as png:
+        assert png.mode == "RGBA" and png.size == (192, 192)
+        assert (draw_logo.np.asarray(png) == draw_logo.logo_pixels()).all(), "logo.png differs"
+    with Image.open(static / "favicon.ico") as ico:
+        assert ico.format == "ICO" and ico.info["sizes"] == {(s, s) for s in draw_logo.ICO_SIZES}
+        for size in draw_logo.ICO_SIZES:
+            ico.size = (size, size)
+            pixels = draw_logo.np.asarray(ico.convert("RGBA"))
+            assert (pixels == draw_logo.icon_pixels(size)).all(), f"favicon.ico {size} px differs"
+
+
+def test_logo_shows_a_bright_diagonal():
+    """The drawn map is an attention map (rows sum to 1) whose diagonal is the brightest entry."""
+    a = draw_logo.attention_map()
+    assert a.shape == (12, 12)
+    draw_logo.np.testing.assert_allclose(a.sum(1), 1.0, rtol=1e-12)
+    off = a[~draw_logo.np.eye(12, dtype=bool)].reshape(12, 11)
+    assert (a.diagonal() > off.max(1)).all()
+    rgb = draw_logo.colours(a).astype(int).sum(-1)  # brightness: the diagonal is the lightest
+    assert (rgb.diagonal() > rgb[~draw_logo.np.eye(12, dtype=bool)].max()).all()
+
+
+def test_config_references_the_logo_and_favicon():
+    """``_config.yml`` points the logo and ``html.favicon`` at files that exist."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    logo, favicon = config.get("logo"), (config.get("html") or {}).get("favicon")
+    assert logo and (ROOT / logo).is_file(), f"logo {logo!r} is missing: set it in _config.yml"
+    assert favicon and (ROOT / favicon).is_file(), f"html.favicon {favicon!r} is missing"
+    assert favicon.endswith(".ico"), "the favicon must be an .ico (copied to /favicon.ico)"
+
+
+def test_plumbing_detector_matches_the_figure_detector():
+    """``tools/tag_plumbing.py`` tags with the same figure detector as this module."""
+    assert tag_plumbing.DRAWS.pattern == _DRAWS.pattern, (
+        "tools/tag_plumbing.py DRAWS and tests/test_book_static.py _DRAWS differ: keep them equal"
+    )
+
+
+def _code(src: str, tags: list[str] | None = None) -> dict:
+    return {"cell_type": "code", "metadata": {"tags": tags or []}, "source": src}
+
+
+def test_plumbing_rule():
+    """Plots, tables and provenance prints are plumbing; checks and computations are not."""
+    cells = [
+        _code("fig, ax = plt.subplots()\nax.plot(x, y)\nplt.show()"),  # 0 plot
+        _code("rows = [dict(a=1)]\ndf = pd.DataFrame(rows)\ndf"),  # 1 table
+        _code("print(ds.settings().mode)"),  # 2 provenance
+        _code("ax = plt.gca()\nax.plot(x)\nassert len(x) == 3"),  # 3 checks a claim
+        _code("z = torch.ones(3)\nplt.plot(z)"),  # 4 binds z, read below
+        _code("def helper(a):\n    return a\nplt.plot(x)"),  # 5 defines a function
+        _code("plt.plot(x)", ["exercise-solution"]),  # 6 an exercise
+        _code("print(z.sum(), helper(1))"),  # 7 reads z and helper: not provenance
+        _code("fig, ax = plt.subplots()\nax.imshow(m)", ["hide-input"]),  # 8 already hidden
+        _code("for k in range(2):\n    fig = plt.figure()"),  # 9 plot; k, fig bound afresh
+        _code("fig = plt.figure()\nfor k in ks:\n    print(k)"),  # 10 plot
+        _code("torch.testing.assert_close(a, b)\nprint(ds.settings().mode)"),  # 11 check
+        _code("table = metric_table(arts)\nprint(table)"),  # 12 prints: not a displayed table
+        _code("%matplotlib inline\nplt.plot(x)"),  # 13 plot (the magic line is skipped)
+        _code("def fmt(v):\n    return f'{v:.2f}'\npd.DataFrame(data).style.format(fmt)"),  # 14
+    ]
+    kinds = [tag_plumbing.plumbing_kind(cells, i) for i in range(len(cells))]
+    assert kinds[:3] == ["plot", "table", "provenance"]
+    assert kinds[3:8] == [None] * 5 and kinds[11:13] == [None, None] and kinds[14] is None
+    assert kinds[9] == kinds[10] == kinds[13] == "plot"
+    assert [i for i, _, _ in tag_plumbing.untagged(cells)] == [0, 1, 2, 9, 10, 13]
+
+
+def test_tag_plumbing_is_idempotent(tmp_path: Path):
+    """Writing tags twice changes nothing the second time; only the reported cells change."""
+    path = tmp_path / "chapter.ipynb"
+    nb = {
+        "cells": [
+            {**_code("plt.plot(x)"), "id": "a1", "outputs": [], "execution_count": None},
+            {**_code("y = 2 * x"), "id": "b2", "outputs": [], "execution_count": None},
+            {"cell_type": "markdown", "id": "c3", "metadata": {}, "source": "Größe"},
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    original = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    path.write_text(original, encoding="utf-8")
+    assert [i for i, _, _ in tag_plumbing.tag_notebook(path, write=True)] == [0]
+    once = path.read_text(encoding="utf-8")
+    assert tag_plumbing.tag_notebook(path, write=True) == []
+    assert path.read_text(encoding="utf-8") == once
+    cells = json.loads(once)["cells"]
+    assert cells[0]["metadata"]["tags"] == ["hide-input"] and cells[1]["metadata"]["tags"] == []
+    nb["cells"][0]["metadata"]["tags"] = ["hide-input"]
+    assert once == json.dumps(nb, indent=1, ensure_ascii=False) + "\n"  # layout kept
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_plumbing_cells_carry_hide_input(path: Path):
+    """Every cell that only plots, tabulates or prints provenance is tagged ``hide-input``.
+
+    The rule is ``tools/tag_plumbing.py`` (its docstring); fails on a chapter until its owner
+    (or the integrator) runs ``python tools/tag_plumbing.py --write book/<chapter>.ipynb``.
+    """
+    found = tag_plumbing.untagged(_cells(path))
+    assert not found, (
+        f"{path.name}: plumbing cells without 'hide-input' (run `python tools/tag_plumbing.py "
+        f"--write book/{path.name}`):\n  "
+        + "\n  ".join(f"cell {i} ({kind}): {first!r}" for i, kind, first in found)
+    )

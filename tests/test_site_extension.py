@@ -4,11 +4,14 @@ Builds with Sphinx directly (no notebook execution): the real extension set of t
 (myst-nb, sphinx-exercise, sphinx-thebe, sphinx-togglebutton, the book theme) plus
 ``diagsink_site``, and checks what reaches the HTML: no thebe script or CDN address and no
 duplicate inline script when thebe is off; solutions as dropdowns, or gone entirely (code
-included) with ``hide_solutions``; short names in docstrings resolved.
+included) with ``hide_solutions``; short names in docstrings resolved; the favicon linked and
+copied to the site root; a figure's ``heatmap-cols-N`` class (the browser test's panel rule)
+reaching its ``<img>``.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import sys
 from pathlib import Path
@@ -22,6 +25,8 @@ from conftest import ROOT
 BOOK_CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["config"]
 LABEL = "ex-course-softmax"
 SECRET = "shifted_by_the_row_maximum"  # appears only in the solution cell
+STATIC = ROOT / "book" / "_static"
+FIGURE_ALT = "Three attention heatmaps side by side, one per variant."
 
 
 def _notebook() -> nbformat.NotebookNode:
@@ -49,6 +54,11 @@ def _notebook() -> nbformat.NotebookNode:
         nbformat.v4.new_markdown_cell("```{solution-end}\n```"),
         code(f'ds.exercises.check("{LABEL}", f, strict=True)', "exercise-check"),
     ]
+    figure = nbformat.v4.new_code_cell("fig = plt.figure()")  # its output: a stored PNG
+    figure.metadata["mystnb"] = {"image": {"alt": FIGURE_ALT, "classes": "heatmap-cols-3"}}
+    png = base64.b64encode((STATIC / "logo.png").read_bytes()).decode()
+    figure.outputs = [nbformat.v4.new_output("display_data", data={"image/png": png})]
+    nb.cells.append(figure)
     return nb
 
 
@@ -89,6 +99,8 @@ def _build(tmp_path: Path, *, hide: bool) -> dict[str, str]:
             "nb_execution_mode": "off",
             "myst_enable_extensions": ["dollarmath", "colon_fence"],
             "hide_solutions": hide,
+            "html_favicon": str(STATIC / "favicon.ico"),
+            "html_logo": str(STATIC / "logo.svg"),
             "nitpicky": True,
             "nitpick_ignore_regex": [tuple(x) for x in BOOK_CONFIG["nitpick_ignore_regex"]],
         },
@@ -100,6 +112,8 @@ def _build(tmp_path: Path, *, hide: bool) -> dict[str, str]:
     warnings = (tmp_path / "warnings.txt").read_text()
     pages = {p.stem: p.read_text() for p in out.glob("*.html")}
     pages["_warnings"] = warnings
+    root_icon = out / "favicon.ico"
+    pages["_root_favicon"] = root_icon.read_bytes().hex() if root_icon.is_file() else ""
     return pages
 
 
@@ -137,3 +151,21 @@ def test_hide_solutions_removes_the_solution_code(tmp_path):
     html = pages["demo"]
     assert SECRET not in html and 'class="solution' not in html
     assert "NotImplementedError" in html and "tag_exercise-check" in html  # stub and check stay
+
+
+@pytest.mark.slow
+def test_favicon_linked_and_copied_to_the_site_root(shown):
+    """Every page links the favicon; the extension also puts it at ``/favicon.ico``."""
+    assert re.search(r'<link rel="icon" href="_static/favicon.ico"\s*/?>', shown["demo"])
+    assert shown["_root_favicon"] == (STATIC / "favicon.ico").read_bytes().hex()
+    assert "logo.svg" in shown["demo"]
+    assert re.search(r'<link rel="stylesheet"[^>]*href="_static/diagsink.css', shown["demo"])
+
+
+@pytest.mark.slow
+def test_heatmap_class_reaches_the_image(shown):
+    """``mystnb.image.classes`` puts ``heatmap-cols-N`` on the ``<img>`` the browser test reads."""
+    imgs = re.findall(r"<img [^>]*>", shown["demo"])
+    figure = [tag for tag in imgs if FIGURE_ALT in tag]
+    assert len(figure) == 1, imgs
+    assert re.search(r'class="[^"]*\bheatmap-cols-3\b', figure[0]), figure[0]

@@ -31,6 +31,12 @@ solutions that really hide.
    so in a notebook the solution's code cell stayed on the page. Here ``solution-start``
    leaves an invisible marker when the switch is on, and a transform removes the marker,
    everything after it up to the matching ``{solution-end}``, and that end node.
+
+6. **A favicon at the site root too.** ``html.favicon`` (``book/_static/favicon.ico``, drawn
+   by ``tools/draw_logo.py``) gives every page a ``<link rel="icon">``; a browser that still
+   asks for ``/favicon.ico`` (some do, for pages opened from a bookmark) finds the same file
+   there, so no request for an icon fails. ``book/_static/diagsink.css`` (the logo's size)
+   is added to every page, with ``book/_static`` as a static folder.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from sphinx.errors import ExtensionError
 from sphinx.transforms import SphinxTransform
 
 MATHJAX_PATH = "mathjax/tex-chtml.js"  # relative to _static
+STATIC = Path(__file__).resolve().parents[1] / "_static"  # book/_static
+SITE_CSS = "diagsink.css"
 
 
 # --------------------------------------------------------------------------- MathJax
@@ -87,6 +95,29 @@ def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
     # keep the one bundle we load plus every folder it may load components from
     skip = {p.name for p in es5.glob("*.js") if p.name != "tex-chtml.js"}
     shutil.copytree(es5, target, dirs_exist_ok=True, ignore=lambda d, names: [n for n in names if Path(d) == es5 and n in skip])
+
+
+def _add_site_css(app: Sphinx, config) -> None:
+    """Serve ``book/_static`` (the logo, the favicon, the site CSS) and load the CSS."""
+    if not (STATIC / SITE_CSS).is_file():
+        raise ExtensionError(f"{STATIC / SITE_CSS} is missing (the site's CSS)")
+    paths = list(config.html_static_path or [])
+    if str(STATIC) not in paths:
+        config.html_static_path = [*paths, str(STATIC)]
+    app.add_css_file(SITE_CSS)
+
+
+def _copy_favicon_to_root(app: Sphinx, exception: Exception | None) -> None:
+    """Copy ``html_favicon`` to ``<outdir>/favicon.ico`` (where browsers look by default)."""
+    favicon = str(getattr(app.config, "html_favicon", "") or "")
+    if exception is not None or app.builder.format != "html" or not favicon:
+        return
+    if "://" in favicon or not favicon.endswith(".ico"):
+        return  # a URL, or an icon format browsers do not look for at /favicon.ico
+    source = Path(favicon) if Path(favicon).is_absolute() else Path(app.confdir) / favicon
+    if not source.is_file():
+        raise ExtensionError(f"html_favicon {favicon!r} does not exist: run tools/draw_logo.py")
+    shutil.copyfile(source, Path(app.outdir) / "favicon.ico")
 
 
 # --------------------------------------------------------------------------- thebe
@@ -274,7 +305,9 @@ def _skip_namedtuple_fields(app: Sphinx, what: str, name: str, obj, skip: bool, 
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _set_path)
     app.connect("config-inited", _set_default_mode)
+    app.connect("config-inited", _add_site_css)
     app.connect("build-finished", _copy_mathjax)
+    app.connect("build-finished", _copy_favicon_to_root)
 
     app.connect("html-page-context", _clean_page_assets, priority=900)
     app.connect("doctree-resolved", _drop_thebe_config, priority=900)
