@@ -329,7 +329,7 @@ def train_model(
         desc=f"{cfg['protocol']}/{name}",
         disable=not (progress and dist.is_main),
         unit="batch",
-        dynamic_ncols=True,
+        ncols=80,  # fixed width: in a notebook the bar must fit the page's output box
     )
     finished = state.stopped != "max_epochs" or state.epoch >= t["epochs"]
     while not finished:

@@ -58,6 +58,9 @@ class Result:
     def __str__(self) -> str:
         return f"{'PASS' if self.passed else 'HINT'} [{self.label}] {self.message}"
 
+    def __repr__(self) -> str:  # a notebook shows a check cell's value: keep it one short line
+        return f"Result({'PASS' if self.passed else 'HINT'} [{self.label}])"
+
 
 class ExerciseFailed(AssertionError):
     """Raised by :func:`check` with ``strict=True`` when an answer is wrong."""
