@@ -141,7 +141,8 @@ def caption(fig: plt.Figure, text: str, *, width_chars: int | None = None) -> pl
     if text not in lines:
         lines.append(text)
     fig._diagsink_caption = lines
-    chars = width_chars or max(40, int(fig.get_figwidth() * DPI / (_CAPTION_SIZE * 0.62)))
+    # a character of the caption font is about 0.6 em wide; the figure is width x 72 points
+    chars = width_chars or max(40, int(fig.get_figwidth() * 72 / (_CAPTION_SIZE * 0.6)) - 4)
     wrapped = "\n".join(textwrap.fill(line, chars) for line in lines)
     fig.supxlabel(wrapped, fontsize=_CAPTION_SIZE, x=0.02, ha="left", color="0.25")
     return fig

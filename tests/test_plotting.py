@@ -184,3 +184,14 @@ def test_integer_steps_on_a_line_plot():
     assert len(inside) >= 3 and all(float(t).is_integer() for t in inside)
     with pytest.raises(ValueError, match="which"):
         plotting.integer_steps(ax, "z")
+
+
+def test_a_long_caption_does_not_widen_the_figure():
+    plotting.use_style()
+    maps = {
+        v: m for v, m in zip(["no_residual", "none", "mask", "dropout", "penalty"], _maps(5, 12))
+    }
+    fig = plotting.variant_panel(maps, how="averaged over many things, " * 12, shared_scale=False)
+    fig.canvas.draw()
+    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    assert box.width * fig.dpi <= plotting.COLUMN_PX + 5  # the caption wraps inside the figure
