@@ -59,6 +59,9 @@ __all__ = [
     "train_task",
     "Evaluation",
     "evaluate",
+    "BUDGETS",
+    "scaled_steps",
+    "length_sweep",
     "input_sensitivity",
     "path_sensitivity",
     "path_block_norms",
@@ -329,6 +332,56 @@ def evaluate(
         attention=mean_map,
         how=f"mean over {n} test sequences and {attn.shape[1]} head(s), eval mode, T = {length}",
     )
+
+
+#: How :func:`length_sweep` sizes the training at each length: ``"fixed"`` (the same number of
+#: steps at every ``T``) or ``"scaled"`` (steps proportional to ``T``, :func:`scaled_steps`).
+BUDGETS = ("fixed", "scaled")
+
+
+def scaled_steps(length: int, base_steps: int = 400, base_length: int = 12) -> int:
+    """Adam steps at ``T = length`` for a budget proportional to ``T``: ``base_steps · T / base_length``.
+
+    The control of the chapter's length sweep: the gradient that pulls attention towards the
+    lag is proportional to the weight already there, about ``1/T`` at the start, so a budget
+    that grows like ``T`` gives every length about the same total pull (rounded up).
+    """
+    if length < 1 or base_steps < 1 or base_length < 1:
+        raise ConfigError(
+            f"length={length}, base_steps={base_steps}, base_length={base_length}: all must be >= 1."
+        )
+    return -(-base_steps * length // base_length)
+
+
+def length_sweep(
+    lengths: list[int],
+    seeds: list[int],
+    *,
+    budget: str = "fixed",
+    base_steps: int = 400,
+    variant: str = "none",
+    task: ParrotTask = _DEFAULT_TASK,
+) -> dict[tuple[int, int], tuple[TrainResult, Evaluation]]:
+    """One trained and evaluated :class:`ParrotNet` per length and seed (the chapter's length sweep).
+
+    Returns ``{(T, seed): (TrainResult, Evaluation)}``.
+
+    ``budget="fixed"``: ``base_steps`` at every length (the chapter's first sweep); ``"scaled"``:
+    :func:`scaled_steps` from ``min(lengths)``, the control that separates an effect of ``T``
+    from the speed of optimisation. Raises :class:`ConfigError` for an unknown budget.
+    """
+    if budget not in BUDGETS:
+        raise ConfigError(f"budget={budget!r} is not known; choose one of {', '.join(BUDGETS)}.")
+    if not lengths or not seeds:
+        raise ConfigError("length_sweep needs at least one length and one seed.")
+    base = min(lengths)
+    out = {}
+    for length in lengths:
+        steps = base_steps if budget == "fixed" else scaled_steps(length, base_steps, base)
+        for seed in seeds:
+            run = train_task(length, variant, task=task, seed=seed, steps=steps)
+            out[length, seed] = (run, evaluate(run.model, length, task=task, variant=variant))
+    return out
 
 
 def input_sensitivity(model: ParrotNet, x: torch.Tensor) -> torch.Tensor:

@@ -1,24 +1,24 @@
 """One plotting style for the whole book, and the attention figures every chapter draws.
 
-* :func:`use_style` -- colour-blind-safe defaults: the Okabe–Ito palette for lines,
-  ``viridis`` for heatmaps (perceptually uniform, readable in grey scale).
+* :func:`use_style` -- colour-blind-safe defaults (Okabe–Ito lines, ``viridis`` maps),
+  figures no wider than the content column; :func:`integer_steps` for step axes.
 * :func:`average_attention` -- averages attention ``[..., T, T]`` over *named* axes and
   returns the description of what was averaged, so a figure can say it.
 * :func:`attention_heatmap` -- one ``[T, T]`` map: rows = query step ``i``, columns = key
-  step ``j``, labelled axes, colour bar, and the averaging written into the title.
-* :func:`variant_panel` -- the paper's Fig. 1: one map per variant, (a) no residual,
-  (b) no regularization, (c) mask, (d) penalty, (e) dropout.
+  step ``j``, integer ticks, labelled colour bar, a one-line title.
+* :func:`variant_panel` -- the paper's Fig. 1, one map per variant in the figure's order
+  with the table's letters ((a), (b), (c), (e) penalty, (d) dropout), in a grid of
+  :func:`panel_grid` rows so that each map is at least :data:`MIN_PANEL_PX` wide on the page.
 * :func:`head_grid` -- per-layer × per-head grids ``[L, H, T, T]`` (or ``[H, T, T]``).
 
-Every figure function takes ``how``: a plain-language description of the averaging
-(e.g. ``"last block, mean over batch, nodes and 8 heads, train mode"``); it is written
-into the title, because a heatmap of attention means little without it.
-
+Every figure function takes ``how``, the averaging in plain words; it becomes the caption
+below the panels (:func:`caption`), because a heatmap of attention means little without it.
 Used first in the chapter "A task where parroting fails" (``book/parroting.ipynb``).
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -31,15 +31,10 @@ from matplotlib.ticker import MaxNLocator
 from .variants import FIGURE_ORDER, SHORT_LABELS
 
 __all__ = [
-    "OKABE_ITO",
-    "HEATMAP_CMAP",
-    "use_style",
-    "AveragedAttention",
-    "average_attention",
-    "attention_heatmap",
-    "variant_panel",
-    "head_grid",
-]
+    "OKABE_ITO", "HEATMAP_CMAP", "COLUMN_PX", "MIN_PANEL_PX", "DPI", "use_style",
+    "integer_steps", "panel_grid", "caption", "caption_text", "rendered_panel_widths",
+    "AveragedAttention", "average_attention", "attention_heatmap", "variant_panel", "head_grid",
+]  # fmt: skip
 
 #: The Okabe–Ito palette (Okabe and Ito 2008, "Color Universal Design"), eight colours that
 #: stay distinguishable with the common forms of colour blindness (black first, as in the original).
@@ -60,21 +55,32 @@ _QUERY_LABEL = "query step $i$"
 _KEY_LABEL = "key step $j$"
 _CBAR_LABEL = r"attention weight $\alpha_{ij}$"
 
+#: Width of the book's content column in CSS pixels on a 1280 px wide page (the theme's
+#: main column measures about 700-800 px; the smaller figure is the safe one).
+COLUMN_PX = 740
+#: The smallest width, in CSS pixels on the rendered page, of one heatmap panel (a 12 x 12
+#: map is legible from about 220 px: ~18 px per cell).
+MIN_PANEL_PX = 220
+#: ``figure.dpi`` set by :func:`use_style`: one figure inch is this many CSS pixels inline.
+DPI = 100
+_CAPTION_SIZE = 8
+
 
 def use_style() -> None:
     """Set the book's matplotlib defaults (call once at the top of a chapter).
 
     Lines cycle through the Okabe–Ito palette (yellow, hard to see on white, is moved to
-    the end); images default to :data:`HEATMAP_CMAP`; light grids, no top/right spines.
+    the end); images default to :data:`HEATMAP_CMAP`; light grids, no top/right spines; the
+    default figure is no wider than the content column (:data:`COLUMN_PX` at :data:`DPI`).
     """
     lines = [c for c in OKABE_ITO if c != "#F0E442"] + ["#F0E442"]
     mpl.rcParams.update(
         {
             "axes.prop_cycle": cycler(color=lines),
             "image.cmap": HEATMAP_CMAP,
-            "figure.dpi": 100,
+            "figure.dpi": DPI,
             "savefig.dpi": 150,
-            "figure.figsize": (6.4, 4.0),
+            "figure.figsize": (6.8, 3.8),
             "font.size": 10,
             "axes.titlesize": 10,
             "axes.labelsize": 10,
@@ -88,6 +94,80 @@ def use_style() -> None:
             "lines.markersize": 5,
         }
     )
+
+
+def integer_steps(ax: plt.Axes, which: str = "x") -> plt.Axes:
+    """Put integer ticks on the step axes of ``ax`` (``which``: ``"x"``, ``"y"`` or ``"both"``).
+
+    Steps, epochs and sequence positions are integers: a tick at 2.5 on such an axis is
+    noise. Used by every chapter's line plots over steps, and by the heatmaps here.
+    """
+    if which not in ("x", "y", "both"):
+        raise ValueError(f"which={which!r}; choose 'x', 'y' or 'both'.")
+    axes = {"x": [ax.xaxis], "y": [ax.yaxis], "both": [ax.xaxis, ax.yaxis]}[which]
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+    return ax
+
+
+def panel_grid(
+    n: int, *, max_cols: int = 3, min_px: int = MIN_PANEL_PX, column_px: int = COLUMN_PX
+) -> tuple[int, int]:
+    """Rows and columns for ``n`` heatmap panels, each at least ``min_px`` wide in the column.
+
+    A row holds as many panels as fit into ``column_px`` next to the labels and one colour
+    bar (about 150 px), at most ``max_cols``: for the book's column that is two panels per
+    row, so five variants take three rows.
+
+    Raises:
+        ValueError: ``n < 1`` or ``max_cols < 1``.
+    """
+    if n < 1 or max_cols < 1:
+        raise ValueError(f"n={n}, max_cols={max_cols}: both must be at least 1.")
+    fit = max(1, (column_px - 150) // (min_px + 40))
+    cols = min(n, max_cols, fit)
+    return -(-n // cols), cols
+
+
+def caption(fig: plt.Figure, text: str, *, width_chars: int | None = None) -> plt.Figure:
+    """Write ``text`` (how the maps were obtained) as a caption below the figure's panels.
+
+    Titles stay one line; the averaging procedure goes here. Several calls on one figure
+    add lines (a text already there is not repeated). Wrapped to the figure's width.
+    """
+    if not text:
+        raise ValueError("caption text is empty; say how the figure's maps were obtained.")
+    lines: list[str] = getattr(fig, "_diagsink_caption", [])
+    if text not in lines:
+        lines.append(text)
+    fig._diagsink_caption = lines
+    # a character of the caption font is about 0.6 em wide; the figure is width x 72 points
+    chars = width_chars or max(40, int(fig.get_figwidth() * 72 / (_CAPTION_SIZE * 0.6)) - 4)
+    wrapped = "\n".join(textwrap.fill(line, chars) for line in lines)
+    fig.supxlabel(wrapped, fontsize=_CAPTION_SIZE, x=0.02, ha="left", color="0.25")
+    return fig
+
+
+def caption_text(fig: plt.Figure) -> str:
+    """The caption written by :func:`caption` (its lines joined by ``"; "``), or ``""``."""
+    return "; ".join(getattr(fig, "_diagsink_caption", []))
+
+
+def rendered_panel_widths(fig: plt.Figure, column_px: int = COLUMN_PX) -> list[float]:
+    """Width in CSS pixels of each image panel of ``fig`` as the book's page shows it.
+
+    The page shows the figure's tight bounding box at :data:`DPI`, shrunk to the column when
+    wider (``max-width: 100 %``). Used by the tests (and chapters) to check legibility.
+    """
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    box = fig.get_tightbbox(renderer)
+    scale = min(1.0, column_px / (box.width * fig.dpi))  # inline: the figure at fig.dpi
+    return [
+        ax.get_window_extent(renderer).width * scale
+        for ax in fig.axes
+        if ax.images and ax.get_visible() and ax.get_label() != "<colorbar>"
+    ]
 
 
 class AveragedAttention(NamedTuple):
@@ -159,6 +239,15 @@ def _as_matrix(attn, name: str = "attn") -> torch.Tensor:
     return a
 
 
+def _one_line(title: str | None) -> str:
+    if title and "\n" in title:
+        raise ValueError(
+            f"title {title!r} has several lines; keep the title to one line and put the "
+            "averaging into how= (it becomes the caption below the figure)."
+        )
+    return title or ""
+
+
 def attention_heatmap(
     attn,
     ax: plt.Axes | None = None,
@@ -177,8 +266,9 @@ def attention_heatmap(
     Args:
         attn: ``[T, T]`` tensor or array.
         ax: axes to draw into (a new figure when ``None``).
-        how: how the map was obtained (the averaging); written into the title.
-        title: optional title placed before ``how``.
+        how: how the map was obtained (the averaging); written into the figure's caption
+            below the panels (:func:`caption`), not into the title.
+        title: the panel's title, one line (default: none).
         vmin, vmax: colour limits (default: the map's own range).
         colorbar: add a colour bar labelled ``label``.
         cmap: colour map (default :data:`HEATMAP_CMAP`).
@@ -190,35 +280,36 @@ def attention_heatmap(
         the :class:`matplotlib.axes.Axes`.
 
     Raises:
-        ValueError: ``attn`` is not a square ``[T, T]`` map, or ``how`` is empty.
+        ValueError: ``attn`` is not a square ``[T, T]`` map, ``how`` is empty, or ``title``
+            has more than one line.
     """
     if not how:
         raise ValueError(
             "how='' -- say how the map was averaged (e.g. 'mean over batch (64), eval mode')."
         )
+    ax = _draw(attn, ax, title, vmin, vmax, colorbar, cmap, label, axis_labels)
+    caption(ax.figure, f"{title}: {how}" if title else how)
+    return ax
+
+
+def _draw(attn, ax, title, vmin, vmax, colorbar, cmap=None, label=_CBAR_LABEL,
+          axis_labels=(_QUERY_LABEL, _KEY_LABEL)) -> plt.Axes:  # fmt: skip
     a = _as_matrix(attn)
     if ax is None:
-        _, ax = plt.subplots(figsize=(4.2, 3.6))
+        _, ax = plt.subplots(figsize=(4.2, 3.9), layout="constrained")
     length = a.shape[0]
+    extent = (-0.5, length - 0.5, length - 0.5, -0.5)
     image = ax.imshow(
-        a.numpy(),
-        cmap=cmap or HEATMAP_CMAP,
-        vmin=vmin,
-        vmax=vmax,
-        origin="upper",
-        interpolation="nearest",
-        extent=(-0.5, length - 0.5, length - 0.5, -0.5),
-    )
+        a.numpy(), cmap=cmap or HEATMAP_CMAP, vmin=vmin, vmax=vmax, origin="upper",
+        interpolation="nearest", extent=extent,
+    )  # fmt: skip
     ax.set_ylabel(axis_labels[0])
     ax.set_xlabel(axis_labels[1])
-    for axis in (ax.xaxis, ax.yaxis):  # steps are integers: no 2.5 on a step axis
-        axis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+    integer_steps(ax, "both")  # steps are integers: no 2.5 on a step axis
     ax.grid(False)
-    ax.set_title(f"{title}\n{how}" if title else how)
+    ax.set_title(_one_line(title))
     if colorbar:
-        bar = ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-        if label:
-            bar.set_label(label)
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label(label)
     return ax
 
 
@@ -228,9 +319,10 @@ def variant_panel(
     how: str,
     shared_scale: bool = True,
     title: str | None = None,
-    panel_width: float = 2.6,
+    panel_width: float = 2.5,
+    max_cols: int = 3,
 ) -> plt.Figure:
-    """The paper's Fig. 1: one attention map per variant, side by side.
+    """The paper's Fig. 1: one attention map per variant, in a grid that fits the column.
 
     Args:
         maps: ``variant -> [T, T]``. The paper's variant names are drawn in the order of
@@ -238,17 +330,20 @@ def variant_panel(
             dropout) and labelled with the letters of its results table
             (:data:`diagsink.variants.SHORT_LABELS`: ``(e) penalty`` then ``(d) dropout``);
             other names keep their order and are lettered ``(a)``, ``(b)``, … .
-        how: the averaging, written into the figure title.
+        how: the averaging, written as the caption below the panels.
         shared_scale: one colour scale (and one colour bar) for all panels, so brightness
             compares across variants; ``False``: each panel its own scale and colour bar
             (shows structure inside each map, but brightness no longer compares).
-        title: optional first line of the figure title.
+        title: optional one-line figure title.
+        panel_width: inches per panel (at :data:`DPI`); rows hold :func:`panel_grid` panels.
 
     Returns:
-        the :class:`matplotlib.figure.Figure` (``len(maps)`` heatmap axes, plus colour bars).
+        the :class:`matplotlib.figure.Figure` (``len(maps)`` heatmap axes, plus colour bars;
+        unused grid cells are hidden).
 
     Raises:
-        ValueError: no maps, a map that is not ``[T, T]``, or maps of different sizes.
+        ValueError: no maps, a map that is not ``[T, T]``, maps of different sizes, or a
+            title of several lines.
     """
     if not maps:
         raise ValueError("maps is empty; pass {variant: [T, T] attention map}.")
@@ -260,34 +355,30 @@ def variant_panel(
         labels = [f"({chr(ord('a') + k)}) {n}" for k, n in enumerate(names)]
     mats = [_as_matrix(maps[n], name=f"maps[{n!r}]") for n in names]
     if len({m.shape for m in mats}) > 1:
-        raise ValueError(
-            f"the maps have different sizes {[tuple(m.shape) for m in mats]}; use one T for the panel."
-        )
+        sizes = [tuple(m.shape) for m in mats]
+        raise ValueError(f"the maps have different sizes {sizes}; use one T for the panel.")
+    title = _one_line(title)
     vmin = min(float(m.min()) for m in mats) if shared_scale else None
     vmax = max(float(m.max()) for m in mats) if shared_scale else None
-    width = (panel_width + (0.0 if shared_scale else 0.7)) * len(mats) + 0.8
+    rows, cols = panel_grid(len(mats), max_cols=max_cols)
+    width = min(COLUMN_PX / DPI, (panel_width + (0.0 if shared_scale else 0.8)) * cols + 1.5)
     fig, axs = plt.subplots(
-        1, len(mats), figsize=(width, panel_width + 0.9), squeeze=False, layout="constrained"
-    )
-    axs = axs[0]
-    for k, (ax, m, label) in enumerate(zip(axs, mats, labels)):
-        last = k == len(mats) - 1
-        attention_heatmap(
-            m,
-            ax,
-            how=label,
-            vmin=vmin,
-            vmax=vmax,
-            colorbar=not shared_scale,
-            label=_CBAR_LABEL if last else "",
-        )
-        if k:
+        rows, cols, figsize=(width, (panel_width + 0.7) * rows + 0.6), squeeze=False,
+        layout="constrained",
+    )  # fmt: skip
+    flat = list(axs.flat)
+    for k, (ax, m, label) in enumerate(zip(flat, mats, labels)):
+        _draw(m, ax, label, vmin, vmax, colorbar=not shared_scale)
+        if k % cols:
             ax.set_ylabel("")
+    for ax in flat[len(mats) :]:
+        ax.set_visible(False)
     if shared_scale:
-        bar = fig.colorbar(axs[-1].images[0], ax=list(axs), fraction=0.02, pad=0.02)
+        bar = fig.colorbar(flat[0].images[0], ax=flat, fraction=0.03, pad=0.03, shrink=0.8)
         bar.set_label(_CBAR_LABEL)
-    fig.suptitle(f"{title}\n{how}" if title else how)
-    return fig
+    if title:
+        fig.suptitle(title)
+    return caption(fig, how)
 
 
 def head_grid(
@@ -296,15 +387,16 @@ def head_grid(
     how: str,
     shared_scale: bool = True,
     layer_names: Sequence[str] | None = None,
-    cell: float = 1.8,
+    cell: float = 2.4,
 ) -> plt.Figure:
-    """Per-layer × per-head grid of attention maps.
+    """Per-layer × per-head grid of attention maps ``[L, H, T, T]`` (or ``[H, T, T]``).
 
     Args:
         attn: ``[L, H, T, T]`` (layers × heads) or ``[H, T, T]`` (one layer).
-        how: the averaging over the remaining axes (batch, nodes, ...), in the title.
+        how: the averaging over the remaining axes (batch, nodes, ...), as the caption.
         shared_scale: one colour scale for all cells (one colour bar) or one per cell.
         layer_names: labels of the ``L`` rows (default ``"layer 1"`` …).
+        cell: inches per cell, shrunk so that the figure fits the column (:data:`COLUMN_PX`).
 
     Returns:
         the :class:`matplotlib.figure.Figure` with ``L × H`` heatmap axes (plus colour bars).
@@ -321,24 +413,23 @@ def head_grid(
             "(layers, heads, query, key) or [H, T, T]."
         )
     n_layers, n_heads = a.shape[:2]
-    names = (
-        list(layer_names)
-        if layer_names is not None
-        else [f"layer {k + 1}" for k in range(n_layers)]
-    )
+    names = list(layer_names) if layer_names is not None else [
+        f"layer {k + 1}" for k in range(n_layers)
+    ]  # fmt: skip
     if len(names) != n_layers:
         raise ValueError(f"layer_names has {len(names)} entries but attn has {n_layers} layers.")
     vmin = float(a.min()) if shared_scale else None
     vmax = float(a.max()) if shared_scale else None
+    cell = min(cell, (COLUMN_PX / DPI - 1.6) / n_heads)
     fig, axs = plt.subplots(
-        n_layers, n_heads, figsize=(cell * n_heads + 1.0, cell * n_layers + 0.8), squeeze=False
-    )
+        n_layers, n_heads, figsize=(cell * n_heads + 1.6, (cell + 0.35) * n_layers + 0.8),
+        squeeze=False, layout="constrained",
+    )  # fmt: skip
     for li in range(n_layers):
         for h in range(n_heads):
             ax = axs[li, h]
-            ax.imshow(
-                a[li, h].numpy(), cmap=HEATMAP_CMAP, vmin=vmin, vmax=vmax, interpolation="nearest"
-            )
+            im = ax.imshow(a[li, h].numpy(), cmap=HEATMAP_CMAP, vmin=vmin, vmax=vmax,
+                           interpolation="nearest")  # fmt: skip
             ax.set_xticks([])
             ax.set_yticks([])
             ax.grid(False)
@@ -349,9 +440,11 @@ def head_grid(
             if li == n_layers - 1:
                 ax.set_xlabel(_KEY_LABEL)
             if not shared_scale:
-                fig.colorbar(ax.images[0], ax=ax, fraction=0.046, pad=0.04)
+                fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).set_label(
+                    _CBAR_LABEL if h == n_heads - 1 else ""
+                )
     if shared_scale:
-        bar = fig.colorbar(axs[0, 0].images[0], ax=axs.ravel().tolist(), fraction=0.02, pad=0.02)
+        bar = fig.colorbar(axs[0, 0].images[0], ax=axs.ravel().tolist(), fraction=0.03, pad=0.03)
         bar.set_label(_CBAR_LABEL)
-    fig.suptitle(how)
+    caption(fig, how)
     return fig

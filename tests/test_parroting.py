@@ -219,3 +219,34 @@ def test_seasonal_task_attention_collapses_onto_the_diagonal_as_T_grows():
         ev = pr.evaluate(pr.train_task(T, **kw).model, T, task=task, n=64)
         diag[T] = float(ev.attention.diagonal()[task.lag :].mean())  # scored rows only
     assert diag[64] > 10 * max(diag[16], 1e-3) and diag[64] > 4 / 64
+
+
+# -- the control of the length sweep: a budget proportional to T ---------------------------
+def test_scaled_steps_grow_in_proportion_to_T():
+    assert pr.scaled_steps(12) == 400 and pr.scaled_steps(24) == 800
+    assert pr.scaled_steps(16, base_steps=400, base_length=12) == 534  # rounded up
+    with pytest.raises(ds.ConfigError, match=">= 1"):
+        pr.scaled_steps(0)
+
+
+def test_length_sweep_budgets():
+    fixed = pr.length_sweep([10, 20], [0], budget="fixed", base_steps=4)
+    scaled = pr.length_sweep([10, 20], [0], budget="scaled", base_steps=4)
+    assert set(fixed) == {(10, 0), (20, 0)}
+    assert [len(fixed[T, 0][0].losses) for T in (10, 20)] == [4, 4]
+    assert [len(scaled[T, 0][0].losses) for T in (10, 20)] == [4, 8]
+    # the shortest length gets the base budget under both: the same run, seed for seed
+    assert fixed[10, 0][0].losses == scaled[10, 0][0].losses
+    run, ev = scaled[20, 0]
+    assert ev.length == 20 and not run.model.training
+    with pytest.raises(ds.ConfigError, match="budget"):
+        pr.length_sweep([10], [0], budget="wall-clock")
+    with pytest.raises(ds.ConfigError, match="at least one"):
+        pr.length_sweep([], [0])
+
+
+@pytest.mark.slow
+def test_a_budget_proportional_to_T_lets_a_long_window_find_the_lag():
+    # at the fixed budget T = 64 parrots (test above at 48); with 64/12 times the steps it does not
+    ev = pr.length_sweep([12, 64], [0], budget="scaled")[64, 0][1]
+    assert ev.mse < 0.7 * ev.mse_parrot and ev.lag_mass > 2 * ev.uniform
