@@ -48,8 +48,9 @@ SOURCE: dict[str, str] = {
     "commit": "1b6f5e2fe2526dfbe588c5ba0b6a07ad538e03ba",
 }
 
-#: Released defaults: ``src/config/config.json`` where it sets the key, else the code's
-#: ``config.get(key, default)`` (``dropout`` and ``attn_dropout`` are absent from the JSON).
+#: The released defaults, read from ``src/config/config.json`` where it sets the key, else from
+#: the code's ``config.get(key, default)`` (``dropout`` and ``attn_dropout`` are absent from the
+#: JSON).
 DEFAULTS: dict[str, object] = {
     "diag_mask": False,
     "diag_drop": 0.0,

@@ -567,9 +567,6 @@ SOLUTIONS = {
         s.masked_fill(torch.eye(s.shape[-1], dtype=torch.bool), float("-inf")), -1
     ),
     "ex-attention-tape": lambda T, C: ds.tape_table(T, C),
-    "ex-attention-pack": lambda T, G: torch.zeros(G * T, G * T).masked_fill(
-        ~torch.block_diag(*[torch.ones(T, T)] * G).bool(), float("-inf")
-    ),
 }
 
 WRONG = [
@@ -604,28 +601,6 @@ WRONG = [
     ("ex-attention-mask", lambda s: torch.softmax(s, -1), "not masked"),
     ("ex-attention-tape", lambda T, C: ds.sinusoidal_table(T, C), "C / T"),
     ("ex-attention-tape", lambda T, C: ds.tape_table(T, C).T, "[T, C]"),
-    (
-        "ex-attention-pack",
-        lambda T, G: torch.zeros(G * T, G * T).masked_fill(
-            torch.block_diag(*[torch.ones(T, T)] * G).bool(), float("-inf")
-        ),
-        "swapped",
-    ),
-    (
-        "ex-attention-pack",
-        lambda T, G: torch.zeros(G * T, G * T).masked_fill(
-            ~torch.kron(torch.ones(G, G), torch.eye(T)).bool(), float("-inf")
-        ),
-        "one after another",
-    ),
-    (
-        "ex-attention-pack",
-        lambda T, G: torch.zeros(G * T, G * T).masked_fill(
-            ~torch.block_diag(*[torch.ones(T, T)] * G).bool(), -1e9
-        ),
-        "-inf",
-    ),
-    ("ex-attention-pack", lambda T, G: torch.zeros(T, T), "[G T, G T]"),
 ]
 
 

@@ -3,10 +3,13 @@
 The student notebooks rely on this: an exercise that is not done yet must show up as
 exactly that error, never as a misleading hint ("return two numbers ...").
 Also: the two exercises of the appendix "Making it fast" (``ex-fast-pack``,
-``ex-fast-groups``) pass the right answer and name each typical mistake.
+``ex-fast-groups``) and the two of the chapter "Depth and LayerNorm" (``ex-depth-layernorm``,
+``ex-depth-bound``) pass the right answer and name each typical mistake.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -30,6 +33,7 @@ def test_there_are_checks_for_every_chapter():
         "heatmaps",
         "scaling",
         "fast",
+        "depth",
     } <= chapters
 
 
@@ -115,3 +119,69 @@ def test_groups_check_names_the_mistake(wrong, hint: str):
     for _ in range(5):  # fresh cases on every call: the mistake shows in at least one of them
         result = ds.exercises.check("ex-fast-groups", wrong)
         assert not result.passed and hint in result.message, result.message
+
+
+# ------------------------------------------------------------------------- depth and LayerNorm
+def _layernorm_block(x, gamma, eps, *, centre=True, outer=True, biased=True):
+    """The right answer of ``ex-depth-layernorm`` (and its typical mistakes), by autograd."""
+    c = x.numel()
+
+    def f(v):
+        mu = v.mean() if centre else v.mean().detach()
+        sigma = torch.sqrt(((v - v.mean()) ** 2).sum() / (c if biased else c - 1) + eps)
+        if not outer:
+            sigma = sigma.detach()
+        return gamma * (v - mu) / sigma
+
+    return torch.autograd.functional.jacobian(f, x)
+
+
+def _stack_off_bound(constants, T):
+    """The right answer of ``ex-depth-bound``, written out for two products."""
+    alphas = [a - b / T for a, b in constants]
+    return (math.prod(al + b for al, (_, b) in zip(alphas, constants)) - math.prod(alphas)) / T
+
+
+def test_depth_checks_pass_the_right_answers():
+    for _ in range(3):
+        assert ds.exercises.check("ex-depth-layernorm", _layernorm_block, strict=True).passed
+        assert ds.exercises.check("ex-depth-bound", _stack_off_bound, strict=True).passed
+
+
+def test_depth_bound_attains_the_averaging_stack():
+    for L in (1, 2, 5):
+        assert math.isclose(_stack_off_bound([(1 + 1 / 9, 1.0)] * L, 9), (2**L - 1) / 9)
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (lambda x, g, e: _layernorm_block(x, g, e, outer=False), "x̂ x̂ᵀ / C is missing"),
+        (lambda x, g, e: _layernorm_block(x, g, e, centre=False), "1 1ᵀ / C is missing"),
+        (lambda x, g, e: _layernorm_block(x, torch.ones_like(g), e), "the gain γ is missing"),
+        (lambda x, g, e: _layernorm_block(x, g, 0.0), "ε is missing"),
+        (lambda x, g, e: _layernorm_block(x, g, e, biased=False), "biased variance"),
+        (lambda x, g, e: _layernorm_block(x, g, e).T, "transposed, or the gain"),
+        (lambda x, g, e: _layernorm_block(x, g, e)[:-1], "shape"),
+    ],
+    ids=["no-outer", "no-centre", "no-gain", "no-eps", "unbiased", "transposed", "shape"],
+)
+def test_layernorm_check_names_the_mistake(wrong, hint: str):
+    result = ds.exercises.check("ex-depth-layernorm", wrong)
+    assert not result.passed and hint in result.message, result.message
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (lambda c, T: math.prod(a + b for a, b in c) / T, "T-free ceiling"),
+        (lambda c, T: math.prod(a - b / T + b for a, b in c) / T, "subtract Π α_l"),
+        (lambda c, T: _stack_off_bound(c, T) * T, "divide by T"),
+        (lambda c, T: math.prod(a - b / T for a, b in c) + _stack_off_bound(c, T), "diagonal"),
+        (lambda c, T: str(_stack_off_bound(c, T)), "return a float"),
+    ],
+    ids=["ceiling", "no-subtraction", "no-T", "diagonal", "string"],
+)
+def test_stack_bound_check_names_the_mistake(wrong, hint: str):
+    result = ds.exercises.check("ex-depth-bound", wrong)
+    assert not result.passed and hint in result.message, result.message
