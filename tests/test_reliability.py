@@ -799,7 +799,11 @@ def test_kill_minus_9_during_reproduce_keeps_finished_runs(inputs, tmp_path, cap
 @pytest.mark.slow
 def test_ctrl_c_during_training_says_how_to_continue_and_the_rerun_resumes(inputs, tmp_path):
     """Ctrl-C (SIGINT): one line saying that finished work is kept, status 130; the same command resumes."""
-    protocol = tiny_protocol(tmp_path / "long.yaml", **{"train.epochs": 25, "train.patience": 100})
+    # 100 epochs of ~0.1 s: the signal lands mid-training even on a loaded machine (with 25, the
+    # run could finish between the checkpoint's first write and the signal)
+    protocol = tiny_protocol(
+        tmp_path / "long.yaml", **{"train.epochs": 100, "train.patience": 1000}
+    )
     out = tmp_path / "results"
     argv = [
         sys.executable,
@@ -818,8 +822,16 @@ def test_ctrl_c_during_training_says_how_to_continue_and_the_rerun_resumes(input
         "cpu",
         "--no-progress",
     ]
+    # A shell starts background jobs with SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler (tools/run-tests runs the unit tests in the background): give
+    # the child the default disposition, as a terminal's Ctrl-C finds it.
     proc = subprocess.Popen(
-        argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     ckpt = out / "custom-tiny" / ".checkpoints" / "mask_seed0.ckpt.pt"
     deadline = time.time() + 60
