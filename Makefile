@@ -3,13 +3,13 @@
 #   make test   set up .venv, run the whole test suite (what CI runs)
 # Variables: PYTHON (interpreter for the venv), DIAGSINK_QUICK (1 = quick mode, the default
 # here; 0 = full mode), PIP_EXTRA (extra pip options, e.g. a PyTorch index URL), JOBS (how
-# many of the four chapter-executing test stages run side by side; 1 = one after another).
+# many of the five chapter-executing test stages run side by side; 1 = one after another).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 PIP_EXTRA ?=
-JOBS ?= 4
+JOBS ?= 5
 export DIAGSINK_QUICK ?= 1
 export PYTHONHASHSEED = 0
 JB_FLAGS = -W -n --keep-going
