@@ -311,3 +311,96 @@ def test_plumbing_cells_carry_hide_input(path: Path):
         f"--write book/{path.name}`):\n  "
         + "\n  ".join(f"cell {i} ({kind}): {first!r}" for i, kind, first in found)
     )
+
+
+# -- the opening box of every chapter (issue 18, item 3) -----------------------------------
+
+_BOX_TITLES = ("What you will learn", "What this page shows")
+_BOX_OPEN = re.compile(r"^(`{3,}|:{3,})\{admonition\}\s+(.*\S)\s*$")
+# {glue}`key`, {glue:text}`key:.2f`, {glue:md}`key`, ...: the role and its content
+_GLUE_ROLE = re.compile(r"\{glue(?::(\w+))?\}`([^`]*)`")
+# a number typed into the box: a decimal (0.25) or a percentage (25 %, 25%)
+_TYPED_NUMBER = re.compile(r"\d+\.\d+|\d\s*%")
+
+
+def _opening_box(text: str) -> str | None:
+    """The body of the first ``What you will learn``/``What this page shows`` admonition in
+    ``text`` (fenced with backticks or colons), or None when there is none or it is not closed."""
+    lines = text.splitlines()
+    for k, line in enumerate(lines):
+        m = _BOX_OPEN.match(line.strip())
+        if m and m.group(2) in _BOX_TITLES:
+            fence = m.group(1)
+            for end in range(k + 1, len(lines)):
+                if lines[end].strip() == fence:
+                    return "\n".join(lines[k + 1 : end])
+            return None
+    return None
+
+
+def _glue_keys(markdown: str) -> set[str]:
+    """The keys of the glue roles in ``markdown`` (``{glue:text}`` content is ``key:format``)."""
+    keys = set()
+    for kind, content in _GLUE_ROLE.findall(markdown):
+        keys.add(content.rsplit(":", 1)[0] if kind == "text" and ":" in content else content)
+    return keys
+
+
+def _box_problems(cells: list[dict]) -> list[str]:
+    """What is wrong with a chapter's opening box and its glued numbers (empty: nothing)."""
+    first = cells[0] if cells else None
+    if first is None or first["cell_type"] != "markdown":
+        return ["the first cell is not a markdown cell"]
+    box = _opening_box(_src(first))
+    if box is None:
+        return [f"the first cell has no admonition titled {' or '.join(map(repr, _BOX_TITLES))}"]
+    problems = [
+        f"typed number {m.group(0)!r} in the box: glue it from the cell that computes it"
+        for m in _TYPED_NUMBER.finditer(_GLUE_ROLE.sub("", box))
+    ]
+    code = "\n".join(_src(c) for c in cells if c["cell_type"] == "code")
+    for cell in cells:
+        if cell["cell_type"] != "markdown":
+            continue
+        for key in sorted(_glue_keys(_src(cell))):
+            if not re.search(rf"\bglue\(\s*['\"]{re.escape(key)}['\"]", code):
+                problems.append(
+                    f"glue key {key!r} is used in markdown but no code cell calls glue({key!r}, ...)"
+                )
+    return problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_chapter_opens_with_a_box_of_glued_numbers(path: Path):
+    """The first cell holds a ``What you will learn``/``What this page shows`` admonition; the
+    numbers in it that the page computes are inserted with myst-nb's ``{glue:text}`` (no decimal
+    or percentage typed in), and every glue key in the markdown is glued by a code cell.
+
+    A definition (T = 12 steps, 207 sensors) may be typed; a measured value may not.
+    """
+    problems = _box_problems(_cells(path))
+    assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
+
+
+def test_box_checker_finds_typed_numbers_and_missing_keys():
+    def md(text):
+        return {"cell_type": "markdown", "metadata": {}, "source": text}
+
+    good = "# T\n\n```{admonition} What this page shows\n:class: tip\n* MAE {glue:text}`c-mae:.2f` at $T = 12$\n```\n"
+    glued = _code('glue("c-mae", 2.5, display=False)', ["remove-cell"])
+    assert _box_problems([md(good), glued]) == []
+    typed = good.replace("{glue:text}`c-mae:.2f`", "2.50")
+    assert _box_problems([md(typed), glued]) == [
+        "typed number '2.50' in the box: glue it from the cell that computes it"
+    ]
+    assert _box_problems([md(good.replace("at $T = 12$", "(12 %)")), glued])[0].startswith(
+        "typed number '2 %'"
+    )
+    assert _box_problems([md(good), _code("x = 1")]) == [
+        "glue key 'c-mae' is used in markdown but no code cell calls glue('c-mae', ...)"
+    ]
+    assert _box_problems([md("# T\n\nno box"), glued])[0].startswith(
+        "the first cell has no admonition"
+    )
+    colons = ":::{admonition} What you will learn\n:class: tip\n* a {glue}`k` b\n:::\n"
+    assert _opening_box(colons) == ":class: tip\n* a {glue}`k` b" and _glue_keys(colons) == {"k"}
