@@ -19,7 +19,15 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["Settings", "settings", "pick", "default_device", "check_device", "resolve_device"]
+__all__ = [
+    "Settings",
+    "settings",
+    "pick",
+    "glue",
+    "default_device",
+    "check_device",
+    "resolve_device",
+]
 
 T = TypeVar("T")
 
@@ -115,6 +123,26 @@ def settings() -> Settings:
     device_env = os.environ.get("DIAGSINK_DEVICE", "").strip()
     device = check_device(device_env, "DIAGSINK_DEVICE") if device_env else default_device()
     return Settings(quick=quick, data_root=data_root, device=device)
+
+
+def glue(name: str, value: object, display: bool = False) -> object:
+    """Hand a number the page computed to the page's text (myst-nb's ``glue``); return it.
+
+    A chapter's "What this page shows" box quotes values with myst-nb's ``glue:text`` role; the
+    cell that computes one calls ``glue("name", value)``. NumPy and torch scalars become Python
+    numbers (a format spec cannot read ``np.float64(...)``). Without myst-nb (the package
+    installed without its ``book`` extra, as in a student's environment) the value is only
+    returned, so exported notebooks run there too.
+    """
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    try:
+        # reason: myst-nb is optional (the book extra) and slow to import; only pages need it
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return value
+    myst_glue(name, value, display=display)
+    return value
 
 
 def pick(quick: T, full: T) -> T:
