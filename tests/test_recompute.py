@@ -56,9 +56,17 @@ def _sensitivity_differences(run) -> list[str]:
     """The stored sensitivity numbers that the current code no longer gives."""
     stored = run.artifact["sensitivity"]
     again = run_sensitivity(run, **stored["settings"])
+    if "paths" not in stored:  # computed before the per-block paths existed
+        again.pop("paths")
     flat = lambda s: {  # noqa: E731
         **{f"S_{j}": v for j, v in enumerate(s["profile"]["S"])},
         **{f"{k}.{q}": v for k, d in s["maps"].items() for q, v in d.items()},
+        **{
+            f"paths.block{b}.{part}.{q}": v
+            for b, block in enumerate(s.get("paths", {"blocks": []})["blocks"])
+            for part, d in block.items()
+            for q, v in d.items()
+        },
     }
     return metric_differences(flat(stored), flat(again), rtol=1e-4)
 
