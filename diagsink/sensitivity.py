@@ -46,6 +46,10 @@ __all__ = [
     "sequence_block_norms",
     "block_paths",
     "run_sensitivity",
+    "SINK_THRESHOLD",
+    "path_rows",
+    "sink_verdicts",
+    "describe_verdict",
 ]
 
 #: What :func:`block_paths` reports per block: the four paths of
@@ -331,3 +335,102 @@ def run_sensitivity(
             f"{paths['nodes']}, Frobenius norms of the C x C blocks"
         ),
     }
+
+
+# ----------------------------------------------------------------------------------------
+# reading the stored field: per-block rows and the weights-or-paths verdict
+# ----------------------------------------------------------------------------------------
+#: ``T`` x a diagonal share (1 = uniform) from which a diagonal counts as a sink: half again
+#: the uniform share, the criterion of the chapters "Heatmaps on METR-LA" (``book/heatmaps.ipynb``)
+#: and "A task where parroting fails" (``book/parroting.ipynb``) for "a brighter diagonal".
+SINK_THRESHOLD: float = 1.5
+
+
+def _stored_paths(art: dict) -> dict:
+    paths = art.get("sensitivity", {}).get("paths")
+    if paths is None:
+        raise ConfigError(
+            f"artifact {art.get('variant')!r} seed {art.get('seed')!r} has no sensitivity.paths; "
+            "run `diagsink sensitivity <artifact>` on it."
+        )
+    return paths
+
+
+def path_rows(artifacts: list[dict]) -> list[dict]:
+    """One row per run and block of the stored ``sensitivity.paths`` (JSON artifacts).
+
+    Keys: ``variant``, ``seed``, ``block`` (1 = first), ``T x share (attention)`` and
+    ``T x share (total)`` (``T`` x the diagonal shares, 1 = uniform), and ``{part} diag`` /
+    ``{part} off`` for the four paths: the mean diagonal / off-diagonal block norms. For the
+    tables of "Heatmaps on METR-LA" and "Results: every variant".
+    """
+    rows = []
+    for art in artifacts:
+        paths = _stored_paths(art)
+        t = 1.0 / paths["uniform_share"]
+        for b, block in enumerate(paths["blocks"]):
+            row = {"variant": art["variant"], "seed": art["seed"], "block": b + 1}
+            row["T x share (attention)"] = t * block["diagonal_share"]["attention"]
+            row["T x share (total)"] = t * block["diagonal_share"]["total"]
+            for part in J.PATHS:
+                row[f"{part} diag"] = block[part]["diagonal"]
+                row[f"{part} off"] = block[part]["off_diagonal"]
+            rows.append(row)
+    return rows
+
+
+_CATEGORY = {(True, True): "both", (True, False): "weights", (False, True): "paths"}
+
+
+def _call(passed: list[bool]) -> str:
+    return "yes" if all(passed) else "no" if not any(passed) else "mixed"
+
+
+def sink_verdicts(artifacts: list[dict], threshold: float = SINK_THRESHOLD) -> dict[str, dict]:
+    """Per variant: does the last block's diagonal sink show in the weights, the paths, both or neither?
+
+    Both criteria on the last block (whose maps the artifacts store), per seed, one threshold:
+
+    * **weights**: ``T`` x mean ``α_ii`` of the last block's maps, per sequence
+      (``sensitivity.maps.diagonal_ratio.mean``) is at least ``threshold``;
+    * **paths**: ``T`` x the diagonal share of the last block's attention part (value + key +
+      query, without the residual's identity, which is diagonal by construction) is at least
+      ``threshold``.
+
+    Returns ``{variant: {"seeds", "weights", "paths" (the two numbers per seed), "in_weights",
+    "in_paths" ("yes" when every seed passes, "no" when none does, else "mixed"), "by_seed"
+    ({seed: "both" | "weights" | "paths" | "neither"}), "verdict"}}``: the seeds' common
+    category, or ``"mixed"`` when they differ. Used by "Heatmaps on METR-LA" and "Results: every
+    variant".
+    """
+    out: dict[str, dict] = {}
+    for art in sorted(artifacts, key=lambda a: a["seed"]):
+        paths = _stored_paths(art)
+        t = 1.0 / paths["uniform_share"]
+        entry = out.setdefault(art["variant"], {"seeds": [], "weights": [], "paths": []})
+        entry["seeds"].append(art["seed"])
+        entry["weights"].append(art["sensitivity"]["maps"]["diagonal_ratio"]["mean"])
+        entry["paths"].append(t * paths["blocks"][-1]["diagonal_share"]["attention"])
+    for entry in out.values():
+        w = [v >= threshold for v in entry["weights"]]
+        p = [v >= threshold for v in entry["paths"]]
+        entry["in_weights"], entry["in_paths"] = _call(w), _call(p)
+        entry["by_seed"] = {
+            s: _CATEGORY.get((a, b), "neither")
+            for s, a, b in zip(entry["seeds"], w, p, strict=True)
+        }
+        kinds = set(entry["by_seed"].values())
+        entry["verdict"] = kinds.pop() if len(kinds) == 1 else "mixed"
+    return out
+
+
+def describe_verdict(entry: dict) -> str:
+    """One variant's :func:`sink_verdicts` entry in words, e.g. ``"paths: seeds 0, 2, 3; neither: seed 1"``."""
+    if entry["verdict"] != "mixed":
+        return f"{entry['verdict']}, every seed"
+    groups: dict[str, list[str]] = {}
+    for seed, kind in entry["by_seed"].items():
+        groups.setdefault(kind, []).append(str(seed))
+    return "; ".join(
+        f"{kind}: seed{'s' if len(v) > 1 else ''} {', '.join(v)}" for kind, v in groups.items()
+    )

@@ -24,10 +24,13 @@ from diagsink.sensitivity import (
     PATH_PARTS,
     attention_inputs,
     block_paths,
+    describe_verdict,
     exact_step_norms,
     input_step_profile,
+    path_rows,
     run_sensitivity,
     sequence_block_norms,
+    sink_verdicts,
 )
 from diagsink.stats import map_statistics
 
@@ -210,6 +213,31 @@ def test_block_paths_refuses_bad_input():
         sequence_block_norms(post_norm_entries(model.blocks[0].attn)[0], x[0, :, 0], "nuc")
 
 
+COMMITTED = sorted(
+    p
+    for p in (ROOT / "book" / "results").glob("*/*.json")
+    if json.loads(p.read_text())["state_dict"].get("file")
+)
+
+
+def test_every_committed_run_carries_its_block_paths():
+    """``sensitivity.paths`` in every committed artifact with weights (the pages read it)."""
+    assert len(COMMITTED) >= 35
+    missing = []
+    for path in COMMITTED:
+        art = json.loads(path.read_text())
+        paths = art.get("sensitivity", {}).get("paths")
+        if paths is None or len(paths["blocks"]) != art["provenance"]["config"]["model"]["depth"]:
+            missing.append(path.relative_to(ROOT).as_posix())
+    assert not missing, f"run `diagsink sensitivity` on: {missing}"
+    no_res = [json.loads(p.read_text()) for p in COMMITTED if p.name.startswith("no_residual")]
+    assert no_res and all(
+        b["residual"] == {"diagonal": 0.0, "off_diagonal": 0.0}
+        for a in no_res
+        for b in a["sensitivity"]["paths"]["blocks"]
+    )
+
+
 def test_a_malformed_paths_field_is_refused():
     assert artifacts.PATH_PARTS == PATH_PARTS  # the validator's copy of the parts
     art = json.loads((ROOT / "book" / "results" / "quick" / "none_seed0.json").read_text())
@@ -226,3 +254,51 @@ def test_a_malformed_paths_field_is_refused():
     broken["sensitivity"]["paths"]["blocks"].pop()
     with pytest.raises(ArtifactError, match="sensitivity"):
         validate_artifact(broken, check_sum=False)
+
+
+def _fake(variant: str, seed: int, ratio: float, share: float, depth: int = 2) -> dict:
+    """An artifact's fields that :func:`sink_verdicts` reads: ``T x`` diag of the maps, of the paths."""
+    pair = {"diagonal": 1.0, "off_diagonal": 0.5}
+    block = {
+        **dict.fromkeys(PATH_PARTS, pair),
+        "diagonal_share": {"total": 0.5, "attention": share / 12},
+    }
+    return {
+        "variant": variant,
+        "seed": seed,
+        "sensitivity": {
+            "maps": {"diagonal_ratio": {"mean": ratio}},
+            "paths": {"uniform_share": 1 / 12, "blocks": [block] * depth},
+        },
+    }
+
+
+def test_sink_verdicts_weights_paths_both_neither_mixed():
+    arts = [
+        *(_fake("none", s, 0.7, 2.5) for s in range(3)),  # paths only
+        *(_fake("mask", s, 0.0, 1.0) for s in range(3)),  # neither
+        *(_fake("penalty", s, 2.0, 2.0) for s in range(3)),  # both
+        *(_fake("dropout", s, 1.6, 1.2) for s in range(3)),  # weights only
+        _fake("no_residual", 0, 1.0, 1.6),
+        _fake("no_residual", 1, 1.0, 1.4),  # one seed passes, one does not
+    ]
+    got = {v: r["verdict"] for v, r in sink_verdicts(arts).items()}
+    assert got == {
+        "none": "paths",
+        "mask": "neither",
+        "penalty": "both",
+        "dropout": "weights",
+        "no_residual": "mixed",
+    }
+    assert sink_verdicts(arts)["no_residual"]["in_paths"] == "mixed"
+    assert sink_verdicts(arts)["no_residual"]["by_seed"] == {0: "paths", 1: "neither"}
+    assert describe_verdict(sink_verdicts(arts)["no_residual"]) == "paths: seed 0; neither: seed 1"
+    assert describe_verdict(sink_verdicts(arts)["none"]) == "paths, every seed"
+    assert sink_verdicts(arts)["none"]["paths"] == pytest.approx([2.5] * 3)
+    assert sink_verdicts(arts, threshold=3)["none"]["verdict"] == "neither"
+    rows = path_rows(arts[:1])
+    assert [r["block"] for r in rows] == [1, 2] and rows[0][
+        "T x share (attention)"
+    ] == pytest.approx(2.5)
+    with pytest.raises(ConfigError, match="diagsink sensitivity"):
+        sink_verdicts([{"variant": "none", "seed": 0, "sensitivity": {}}])
