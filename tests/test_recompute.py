@@ -55,10 +55,18 @@ def test_every_committed_run_recomputes_its_test_metrics(data):
 def _sensitivity_differences(run) -> list[str]:
     """The stored sensitivity numbers that the current code no longer gives."""
     stored = run.artifact["sensitivity"]
+    if "paths" not in stored:
+        return ["sensitivity.paths is missing (run `diagsink sensitivity` on it)"]
     again = run_sensitivity(run, **stored["settings"])
     flat = lambda s: {  # noqa: E731
         **{f"S_{j}": v for j, v in enumerate(s["profile"]["S"])},
         **{f"{k}.{q}": v for k, d in s["maps"].items() for q, v in d.items()},
+        **{
+            f"paths.block{b}.{part}.{q}": v
+            for b, block in enumerate(s["paths"]["blocks"])
+            for part, d in block.items()
+            for q, v in d.items()
+        },
     }
     return metric_differences(flat(stored), flat(again), rtol=1e-4)
 

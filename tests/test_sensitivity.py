@@ -2,18 +2,36 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 
 import pytest
 import torch
 from torch import nn
 
+from diagsink import jacobian as J
 from diagsink.data import toy_data
+from diagsink.depth import post_norm_entries
+from diagsink.engine import artifacts
+from diagsink.engine.artifacts import ArtifactError, validate_artifact
 from diagsink.engine.config import load_config, override
 from diagsink.engine.prepare import batch, prepare
 from diagsink.engine.reload import load_run
 from diagsink.engine.train import build_model
-from diagsink.sensitivity import exact_step_norms, input_step_profile, run_sensitivity
+from diagsink.errors import ConfigError
+from diagsink.sensitivity import (
+    PATH_PARTS,
+    attention_inputs,
+    block_paths,
+    describe_verdict,
+    exact_step_norms,
+    input_step_profile,
+    path_rows,
+    run_sensitivity,
+    sequence_block_norms,
+    sink_verdicts,
+)
 from diagsink.stats import map_statistics
 
 from conftest import ROOT
@@ -89,3 +107,198 @@ def test_run_sensitivity_on_a_committed_run():
     assert len(out["profile"]["S"]) == 12 and all(v > 0 for v in out["profile"]["S"])
     assert all(0 < e < s for e, s in zip(out["profile"]["se"], out["profile"]["S"]))
     assert set(out["maps"]) == {"diagonal_ratio", "entropy", "stripe_index"}
+    assert len(out["paths"]["blocks"]) == run.cfg["model"]["depth"]
+
+
+# ----------------------------------------------------------------------------------------
+# per-block paths on the blocks' real inputs
+# ----------------------------------------------------------------------------------------
+def _toy_model(variant: str = "none", order: str = "ts", depth: int = 2):
+    torch.manual_seed(0)
+    cfg = override(
+        load_config("quick"),
+        {"model.d_model": 8, "model.depth": depth, "model.block_order": order},
+    )
+    prepared = prepare(toy_data(400, 5), cfg)
+    model = build_model(cfg, variant, prepared).eval()
+    x, _ = batch(prepared, prepared.test[:3], 12, 12)
+    return model, x
+
+
+@pytest.mark.parametrize("order", ["ts", "st"])
+def test_the_captured_input_is_what_each_block_attention_sees(order):
+    model, x = _toy_model(order=order)
+    inputs, outputs = attention_inputs(model, x)
+    assert len(inputs) == len(model.blocks) and inputs[0].shape == (3, 5, 12, 8)  # [B, N, T, C]
+    with torch.no_grad():
+        # rebuilt by hand from the model's pieces: speed embedding + tAPE, then per block h = x + tod
+        h = model.pos(model.speed_embed(x[..., :1]).transpose(1, 2)).transpose(1, 2)
+        tod = model.tod_embed(x[..., 1:])
+        for block, seen, out in zip(model.blocks, inputs, outputs):
+            want = h + tod
+            if order == "st":
+                want = block.norm(want + block.gconv(want))
+            torch.testing.assert_close(seen, want.transpose(1, 2))
+            # the attention's output is reproduced from the captured input alone
+            torch.testing.assert_close(block.attn(seen), out)
+            h = block(h, tod)
+
+
+def test_the_closed_form_total_is_the_autograd_jacobian_of_the_sublayer():
+    """On a committed run's real inputs: u -> u + attn(u), the LayerNorm after it left out."""
+    run = load_run(ROOT / "book" / "results" / "quick" / "none_seed0.json")
+    x, _ = batch(run.prepared, run.prepared.test[:2], 12, 12)
+    inputs, outputs = attention_inputs(run.model, x)
+    for b, block in enumerate(run.model.blocks):
+        ref = copy.deepcopy(block.attn).double().eval()
+        ln, ref.norm = ref.norm, nn.Identity()  # the sublayer with its residual, before the norm
+        seq = inputs[b][1, 3].double()  # window 1, sensor 3: [T, C]
+        torch.testing.assert_close(ln(ref(seq)).float(), outputs[b][1, 3], atol=1e-5, rtol=1e-5)
+        jac = J.autograd_jacobian(ref, seq).detach()  # [T, C, T, C], autograd
+        closed = sequence_block_norms(post_norm_entries(block.attn)[0], seq)
+        auto = torch.linalg.matrix_norm(jac.permute(0, 2, 1, 3), ord="fro")  # [T, T]
+        torch.testing.assert_close(closed["total"], auto, atol=1e-10, rtol=1e-10)
+        eye = torch.eye(seq.numel(), dtype=torch.float64).reshape(jac.shape)
+        attn_only = torch.linalg.matrix_norm((jac - eye).permute(0, 2, 1, 3), ord="fro")
+        torch.testing.assert_close(closed["attention"], attn_only, atol=1e-10, rtol=1e-10)
+        spectral = sequence_block_norms(post_norm_entries(block.attn)[0], seq, "spectral")
+        torch.testing.assert_close(
+            spectral["total"], torch.linalg.matrix_norm(jac.permute(0, 2, 1, 3), ord=2)
+        )
+    # the summary of one window x one sensor is that Jacobian's diagonal / off-diagonal mean
+    one = block_paths(run.model, x[1:2], windows=1, nodes=1)
+    last = one["blocks"][-1]["total"]
+    seq = attention_inputs(run.model, x[1:2])[0][-1][0, 0].double()
+    ref = copy.deepcopy(run.model.blocks[-1].attn).double().eval()
+    ref.norm = nn.Identity()
+    jac = J.autograd_jacobian(ref, seq).detach()
+    auto = torch.linalg.matrix_norm(jac.permute(0, 2, 1, 3), ord="fro")
+    off = ~torch.eye(12, dtype=torch.bool)
+    assert last["diagonal"] == pytest.approx(float(auto.diagonal().mean()), rel=1e-9)
+    assert last["off_diagonal"] == pytest.approx(float(auto[off].mean()), rel=1e-9)
+
+
+def test_block_paths_layout_and_the_residual_path():
+    model, x = _toy_model("none")
+    out = block_paths(model, x, windows=2, nodes=3)
+    assert out["windows"] == [0, 2] and out["nodes"] == [0, 2, 4] and out["norm"] == "fro"
+    assert out["uniform_share"] == pytest.approx(1 / 12) and len(out["blocks"]) == 2
+    for block in out["blocks"]:
+        assert set(block) == {*PATH_PARTS, "diagonal_share"}
+        assert block["residual"] == {"diagonal": pytest.approx(math.sqrt(8)), "off_diagonal": 0.0}
+        assert block["query"]["off_diagonal"] == 0.0  # the query path is block diagonal
+        assert 1 / 12 < block["diagonal_share"]["total"] <= 1
+    json.dumps(out, allow_nan=False)  # JSON-ready
+
+
+def test_no_residual_has_a_zero_residual_path():
+    model, x = _toy_model("no_residual")
+    for block in block_paths(model, x, windows=2, nodes=2)["blocks"]:
+        assert block["residual"] == {"diagonal": 0.0, "off_diagonal": 0.0}
+        assert block["total"] == block["attention"]
+        assert block["diagonal_share"]["total"] == block["diagonal_share"]["attention"]
+
+
+def test_block_paths_refuses_bad_input():
+    model, x = _toy_model()
+    with pytest.raises(ConfigError, match="windows"):
+        block_paths(model, x, windows=4)  # only 3 windows
+    with pytest.raises(ConfigError, match="nodes"):
+        block_paths(model, x, windows=1, nodes=0)
+    with pytest.raises(ConfigError, match=r"\[batch, T_in, nodes, 2\]"):
+        block_paths(model, x[..., 0])
+    with pytest.raises(ConfigError, match="TSModel"):
+        attention_inputs(nn.Linear(2, 2), x)
+    with pytest.raises(ConfigError, match="norm"):
+        sequence_block_norms(post_norm_entries(model.blocks[0].attn)[0], x[0, :, 0], "nuc")
+
+
+COMMITTED = sorted(
+    p
+    for p in (ROOT / "book" / "results").glob("*/*.json")
+    if json.loads(p.read_text())["state_dict"].get("file")
+)
+
+
+def test_every_committed_run_carries_its_block_paths():
+    """``sensitivity.paths`` in every committed artifact with weights (the pages read it)."""
+    assert len(COMMITTED) >= 35
+    missing = []
+    for path in COMMITTED:
+        art = json.loads(path.read_text())
+        paths = art.get("sensitivity", {}).get("paths")
+        if paths is None or len(paths["blocks"]) != art["provenance"]["config"]["model"]["depth"]:
+            missing.append(path.relative_to(ROOT).as_posix())
+    assert not missing, f"run `diagsink sensitivity` on: {missing}"
+    no_res = [json.loads(p.read_text()) for p in COMMITTED if p.name.startswith("no_residual")]
+    assert no_res and all(
+        b["residual"] == {"diagonal": 0.0, "off_diagonal": 0.0}
+        for a in no_res
+        for b in a["sensitivity"]["paths"]["blocks"]
+    )
+
+
+def test_a_malformed_paths_field_is_refused():
+    assert artifacts.PATH_PARTS == PATH_PARTS  # the validator's copy of the parts
+    art = json.loads((ROOT / "book" / "results" / "quick" / "none_seed0.json").read_text())
+    depth = art["provenance"]["config"]["model"]["depth"]
+    pair = {"diagonal": 1.0, "off_diagonal": 0.0}
+    block = {**dict.fromkeys(PATH_PARTS, pair), "diagonal_share": {"total": 0.5, "attention": 0.1}}
+    art["sensitivity"]["paths"] = {"uniform_share": 1 / 12, "blocks": [block] * depth}
+    validate_artifact(copy.deepcopy(art), check_sum=False)  # well formed
+    broken = copy.deepcopy(art)
+    del broken["sensitivity"]["paths"]["blocks"][0]["key"]
+    with pytest.raises(ArtifactError, match="sensitivity"):
+        validate_artifact(broken, check_sum=False)
+    broken = copy.deepcopy(art)
+    broken["sensitivity"]["paths"]["blocks"].pop()
+    with pytest.raises(ArtifactError, match="sensitivity"):
+        validate_artifact(broken, check_sum=False)
+
+
+def _fake(variant: str, seed: int, ratio: float, share: float, depth: int = 2) -> dict:
+    """An artifact's fields that :func:`sink_verdicts` reads: ``T x`` diag of the maps, of the paths."""
+    pair = {"diagonal": 1.0, "off_diagonal": 0.5}
+    block = {
+        **dict.fromkeys(PATH_PARTS, pair),
+        "diagonal_share": {"total": 0.5, "attention": share / 12},
+    }
+    return {
+        "variant": variant,
+        "seed": seed,
+        "sensitivity": {
+            "maps": {"diagonal_ratio": {"mean": ratio}},
+            "paths": {"uniform_share": 1 / 12, "blocks": [block] * depth},
+        },
+    }
+
+
+def test_sink_verdicts_weights_paths_both_neither_mixed():
+    arts = [
+        *(_fake("none", s, 0.7, 2.5) for s in range(3)),  # paths only
+        *(_fake("mask", s, 0.0, 1.0) for s in range(3)),  # neither
+        *(_fake("penalty", s, 2.0, 2.0) for s in range(3)),  # both
+        *(_fake("dropout", s, 1.6, 1.2) for s in range(3)),  # weights only
+        _fake("no_residual", 0, 1.0, 1.6),
+        _fake("no_residual", 1, 1.0, 1.4),  # one seed passes, one does not
+    ]
+    got = {v: r["verdict"] for v, r in sink_verdicts(arts).items()}
+    assert got == {
+        "none": "paths",
+        "mask": "neither",
+        "penalty": "both",
+        "dropout": "weights",
+        "no_residual": "mixed",
+    }
+    assert sink_verdicts(arts)["no_residual"]["in_paths"] == "mixed"
+    assert sink_verdicts(arts)["no_residual"]["by_seed"] == {0: "paths", 1: "neither"}
+    assert describe_verdict(sink_verdicts(arts)["no_residual"]) == "paths: seed 0; neither: seed 1"
+    assert describe_verdict(sink_verdicts(arts)["none"]) == "paths, every seed"
+    assert sink_verdicts(arts)["none"]["paths"] == pytest.approx([2.5] * 3)
+    assert sink_verdicts(arts, threshold=3)["none"]["verdict"] == "neither"
+    rows = path_rows(arts[:1])
+    assert [r["block"] for r in rows] == [1, 2] and rows[0][
+        "T x share (attention)"
+    ] == pytest.approx(2.5)
+    with pytest.raises(ConfigError, match="diagsink sensitivity"):
+        sink_verdicts([{"variant": "none", "seed": 0, "sensitivity": {}}])

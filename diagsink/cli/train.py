@@ -111,8 +111,11 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
     for path in args.artifacts:
         field = attach_sensitivity(path, data=data)
         s = field["profile"]["S"]
+        shares = [b["diagonal_share"]["attention"] for b in field["paths"]["blocks"]]
         print(
-            f"{path}: S_j over the {len(s)} input steps {min(s):.3f} .. {max(s):.3f} (last step {s[-1]:.3f})"
+            f"{path}: S_j over the {len(s)} input steps {min(s):.3f} .. {max(s):.3f} (last step {s[-1]:.3f}); "
+            f"diagonal share of the attention paths per block {', '.join(f'{v:.3f}' for v in shares)} "
+            f"(uniform {field['paths']['uniform_share']:.3f})"
         )
     return 0
 
@@ -121,7 +124,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``train``, ``reproduce`` and ``sensitivity``."""
     s = sub.add_parser(
         "sensitivity",
-        help="compute a run's input-step sensitivity and map statistics from its weights, store them in its artifact",
+        help="compute a run's input-step sensitivity, map statistics and per-block path norms from its weights, store them in its artifact",
     )
     s.add_argument(
         "artifacts", nargs="+", metavar="ARTIFACT", help="result .json files with weights"

@@ -9,9 +9,10 @@ A run of :func:`diagsink.engine.train.train_run` writes ``<out>/<protocol>/<vari
   and a sentence saying how it was averaged;
 * ``provenance``: git commit, the full config and its hash, the data file, its sha256,
   number of steps and whether it is the full data set, device, torch version, UTC date, seed;
-* ``sensitivity`` (optional, added later from the saved weights): the input-step profile and
-  the last block's per-sequence map statistics (:mod:`diagsink.sensitivity`), with the commit
-  and settings that computed them;
+* ``sensitivity`` (optional, added later from the saved weights): the input-step profile, the
+  last block's per-sequence map statistics and every block's Jacobian path norms on its real
+  inputs (``paths``, :func:`diagsink.sensitivity.block_paths`), with the commit and settings
+  that computed them;
 * ``checksum``: sha256 of the canonical JSON of everything else, so an edited file is detected.
 
 Files are written atomically (:func:`diagsink._io.atomic_write_text`). The results chapter
@@ -152,7 +153,8 @@ def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[st
     if not isinstance(att.get("how"), str):
         raise ArtifactError("attention.how (how the maps were averaged) is missing.")
     if "sensitivity" in art:
-        _check_sensitivity(art["sensitivity"], prov["config"]["model"]["t_in"])
+        model = prov["config"]["model"]
+        _check_sensitivity(art["sensitivity"], model["t_in"], model["depth"])
     if check_sum and checksum(art) != art["checksum"]:
         raise ArtifactError(
             "checksum mismatch: the artifact was edited or corrupted; regenerate it."
@@ -160,7 +162,38 @@ def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[st
     return art
 
 
-def _check_sensitivity(sens: Any, t_in: int) -> None:
+#: The parts of each block in ``sensitivity.paths`` (:data:`diagsink.sensitivity.PATH_PARTS`;
+#: repeated here because that module imports the engine).
+PATH_PARTS: tuple[str, ...] = ("residual", "value", "key", "query", "attention", "total")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _paths_ok(paths: Any, depth: int) -> bool:
+    """``sensitivity.paths``: one entry per block, each part's diagonal and off-diagonal norm."""
+    if not (isinstance(paths, dict) and isinstance(paths.get("blocks"), list)):
+        return False
+    if len(paths["blocks"]) != depth or not _is_number(paths.get("uniform_share")):
+        return False
+    for block in paths["blocks"]:
+        if not isinstance(block, dict) or not isinstance(block.get("diagonal_share"), dict):
+            return False
+        pairs = [block.get(k) for k in PATH_PARTS]
+        if not all(
+            isinstance(v, dict)
+            and _is_number(v.get("diagonal"))
+            and _is_number(v.get("off_diagonal"))
+            for v in pairs
+        ):
+            return False
+        if not all(_is_number(block["diagonal_share"].get(k)) for k in ("total", "attention")):
+            return False
+    return True
+
+
+def _check_sensitivity(sens: Any, t_in: int, depth: int) -> None:
     """The optional ``sensitivity`` field (:func:`diagsink.engine.reload.attach_sensitivity`)."""
     ok = (
         isinstance(sens, dict)
@@ -169,6 +202,7 @@ def _check_sensitivity(sens: Any, t_in: int) -> None:
         and isinstance(sens.get("maps"), dict)
         and isinstance(sens.get("profile"), dict)
         and len(sens["profile"].get("S") or []) == t_in
+        and ("paths" not in sens or _paths_ok(sens["paths"], depth))
     )
     if not ok:
         raise ArtifactError(

@@ -33,8 +33,15 @@ __all__ = [
     "attach_sensitivity",
 ]
 
-#: How the committed runs' sensitivity is computed (first test windows, Hutchinson probes, seed).
-SENSITIVITY_SETTINGS: dict[str, int] = {"windows": 32, "probes": 16, "seed": 0}
+#: How the committed runs' sensitivity is computed: first test windows, Hutchinson probes, seed,
+#: and the windows x sensors (evenly spaced) whose per-block paths are differentiated.
+SENSITIVITY_SETTINGS: dict[str, int] = {
+    "windows": 32,
+    "probes": 16,
+    "seed": 0,
+    "path_windows": 4,
+    "path_nodes": 8,
+}
 
 
 @dataclass
