@@ -257,9 +257,10 @@ def block_paths(
             ``sqrt(C)``) or ``"spectral"`` (about 30 times slower: one SVD per block).
 
     Returns:
-        ``{"windows": [...], "nodes": [...], "norm": norm, "uniform_share": 1/T,
-        "blocks": [per block {part: {"diagonal", "off_diagonal"}, "diagonal_share":
-        {"total", "attention"}}]}`` with ``part`` in :data:`PATH_PARTS`: the mean norm of the
+        a dict with the keys ``windows`` and ``nodes`` (the indices used), ``norm``,
+        ``uniform_share`` (``1/T``) and ``blocks``, one entry per block that maps every ``part``
+        of :data:`PATH_PARTS` to ``{"diagonal": ..., "off_diagonal": ...}`` and
+        ``diagonal_share`` to ``{"total": ..., "attention": ...}``: the mean norm of the
         diagonal blocks ``‖∂y_i/∂u_i‖`` and of the off-diagonal ones (``j ≠ i``) over all
         sequences, and the mean over sequences and rows of ``‖J_ii‖ / Σ_j ‖J_ij‖``
         (:func:`diagsink.stats.self_share`; ``1/T`` = spread evenly, 1 = only the diagonal) of

@@ -33,22 +33,33 @@ def data():
     return load_metr_la()  # DIAGSINK_DATA: the runs name the slice they were trained on
 
 
-def test_every_committed_run_recomputes_its_test_metrics(data):
-    prepared, problems = {}, []
-    for path in WITH_WEIGHTS:
-        cfg = json.loads(path.read_text())["provenance"]["config"]
+@pytest.fixture(scope="module")
+def prepared_for(data):
+    """``cfg -> prepared data``, built once per model/data configuration."""
+    cache: dict[str, object] = {}
+
+    def get(cfg: dict):
         key = json.dumps(cfg["model"]) + json.dumps(cfg["data"])
-        if key not in prepared:
-            prepared[key] = prepare(data, cfg)
-        run = load_run(path, prepared=prepared[key])
-        diff = metric_differences(run.artifact["metrics"], recompute_metrics(run))
-        if "sensitivity" in run.artifact:
-            diff += _sensitivity_differences(run)
-        if diff:
-            problems.append(f"{path.relative_to(ROOT)}: {'; '.join(diff)}")
-    assert not problems, (
-        "regenerate these artifacts (the code no longer gives their numbers):\n"
-        + "\n".join(problems)
+        if key not in cache:
+            cache[key] = prepare(data, cfg)
+        return cache[key]
+
+    return get
+
+
+# One test per artifact: each takes seconds, and a failure names its file.
+@pytest.mark.parametrize(
+    "path", WITH_WEIGHTS, ids=[f"{p.parent.name}/{p.stem}" for p in WITH_WEIGHTS]
+)
+def test_every_committed_run_recomputes_its_test_metrics(path, prepared_for):
+    cfg = json.loads(path.read_text())["provenance"]["config"]
+    run = load_run(path, prepared=prepared_for(cfg))
+    diff = metric_differences(run.artifact["metrics"], recompute_metrics(run))
+    if "sensitivity" in run.artifact:
+        diff += _sensitivity_differences(run)
+    assert not diff, (
+        f"regenerate {path.relative_to(ROOT)} (the code no longer gives its numbers): "
+        + "; ".join(diff)
     )
 
 

@@ -33,8 +33,8 @@ __all__ = [
     "attach_sensitivity",
 ]
 
-#: How the committed runs' sensitivity is computed: first test windows, Hutchinson probes, seed,
-#: and the windows x sensors (evenly spaced) whose per-block paths are differentiated.
+#: The settings of the committed runs' sensitivity (first test windows, Hutchinson probes, seed,
+#: and the windows x sensors, evenly spaced, whose per-block paths are differentiated).
 SENSITIVITY_SETTINGS: dict[str, int] = {
     "windows": 32,
     "probes": 16,
