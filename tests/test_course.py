@@ -1,12 +1,15 @@
 """Course tooling: exercise checks, the exercise cell pattern, and the student/instructor export.
 
 Fast tests use a one-chapter book built in a temporary folder; the static tests read the
-real chapters; the ``slow`` tests export the real book and execute every student notebook
-(only ``NotImplementedError`` allowed) and every instructor notebook (no error at all).
+real chapters; the ``slow`` tests export the real book, check that every instructor notebook is
+its chapter cell for cell (nbval executes the chapters) and execute every student notebook's
+exercises in the export folder (only ``NotImplementedError`` allowed); on the one-chapter book
+both editions are executed whole.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 from pathlib import Path
@@ -14,6 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from nbclient import NotebookClient
 
 import diagsink as ds
 from diagsink import course
@@ -339,8 +343,6 @@ def _run_both_editions(student_path: Path, instructor_path: Path, cwd: Path) -> 
     raise it, proving the stubs are stubs), then the instructor tail (no error allowed:
     it re-runs every stub, solution and check, overwriting what the student tail defined).
     """
-    from nbclient import NotebookClient
-
     student = nbformat.read(str(student_path), as_version=4)
     instructor = nbformat.read(str(instructor_path), as_version=4)
     p = 0
@@ -405,19 +407,79 @@ def test_mini_book_editions_execute(mini_book: Path, tmp_path: Path):
     assert len(problems) == 1 and "instructor" in problems[0] and "ExerciseFailed" in problems[0]
 
 
+def _import_prelude(cells) -> str:
+    """The top-level ``import`` statements of ``cells``' code, in order: what a tail needs."""
+    lines = []
+    for cell in cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:  # an IPython magic: nbval runs that cell
+            continue
+        lines += [
+            ast.get_source_segment(cell.source, node)
+            for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+        ]
+    return "\n".join(lines)
+
+
+def _cells(nb) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", CHAPTERS, ids=_chapter_ids)
 def test_exported_chapter_executes(path: Path, tmp_path: Path):
-    """Student edition: only NotImplementedError; instructor edition: no error (quick mode).
+    """Instructor edition: the chapter itself; student edition: only NotImplementedError.
 
-    Each chapter is exported on its own, so one broken chapter does not hide the others.
+    The instructor edition must equal the chapter cell for cell, and the student edition must
+    equal it up to the first exercise; the export copies the folders next to the chapters, so
+    both run where nbval runs the chapter itself. What nbval does not run is the student's
+    tail: it is executed here, in the export folder, after the chapter's imports, and every
+    error must be a stub's NotImplementedError that its check hits. Each chapter is exported
+    on its own, so one broken chapter does not hide the others.
     """
     out = tmp_path / "export"
     course.export(out, source=ROOT, notebooks=[path])
-    student = out / "student" / path.name
-    instructor = out / "instructor" / path.name
-    assert json.loads(student.read_text())["metadata"]["diagsink"]["edition"] == "student"
-    problems = _run_both_editions(student, instructor, out / "student")
+    source = nbformat.read(str(path), as_version=4)
+    student = nbformat.read(str(out / "student" / path.name), as_version=4)
+    instructor = nbformat.read(str(out / "instructor" / path.name), as_version=4)
+    assert student.metadata["diagsink"]["edition"] == "student"
+    assert _cells(instructor) == _cells(source), f"{path.name}: the instructor edition differs"
+    exercises = course.exercises_of(source).values()
+    first = min(i for ex in exercises for i in ex.directive)
+    assert _cells(student)[:first] == _cells(source)[:first], (
+        f"{path.name}: the student edition differs before the first exercise"
+    )
+    tail = student.cells[first:]
+    assert any(course.CHECK_TAG in c.metadata.get("tags", []) for c in tail)
+    run = nbformat.v4.new_notebook(metadata=student.metadata)
+    run.cells = [nbformat.v4.new_code_cell(_import_prelude(source.cells[:first])), *tail]
+    NotebookClient(
+        run,
+        timeout=600,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(out / "student")}},
+    ).execute()
+    problems = []
+    for i, cell in enumerate(run.cells):
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        problems += [
+            f"{path.name} (student cell {first + i - 1}): {e.ename}: {e.evalue}"
+            for e in errors
+            if i == 0 or e.ename != "NotImplementedError"
+        ]
+        if course.CHECK_TAG in cell.metadata.get("tags", []):
+            labels = course.notebooks._check_labels("".join(cell.source))
+            if not any(e.ename == "NotImplementedError" and e.evalue in labels for e in errors):
+                problems.append(
+                    f"{path.name}: the student's check of {labels} did not hit the stub's NotImplementedError"
+                )
     assert not problems, "\n".join(problems)
 
 
