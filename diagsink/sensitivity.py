@@ -31,7 +31,7 @@ from torch import nn
 
 from . import jacobian as J
 from ._checks import is_int
-from .depth import block_norm_matrix, post_norm_entries
+from .depth import post_norm_entries
 from .engine.prepare import batch
 from .errors import ConfigError
 from .stats import map_statistics, self_share
@@ -218,11 +218,8 @@ def sequence_block_norms(
     paths = J.decompose(layer, x)
     attention = paths["value"] + paths["key"] + paths["query"]
     parts = {**paths, "attention": attention, "total": attention + paths["residual"]}
-    if norm == "spectral":
-        return {k: block_norm_matrix(parts[k]) for k in PATH_PARTS}
-    return {
-        k: torch.linalg.matrix_norm(parts[k].permute(0, 2, 1, 3), ord="fro") for k in PATH_PARTS
-    }
+    # the norm of every C x C block [i, :, j, :], as jacobian.block_norms takes it
+    return {k: J._matrix_norm(parts[k].permute(0, 2, 1, 3), norm) for k in PATH_PARTS}
 
 
 def _spread(count: int, n: int, what: str) -> list[int]:
