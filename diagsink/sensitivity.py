@@ -32,6 +32,7 @@ from torch import nn
 from . import jacobian as J
 from ._checks import is_int
 from .depth import post_norm_entries
+from .engine.artifacts import PATH_PARTS
 from .engine.prepare import batch
 from .errors import ConfigError
 from .stats import map_statistics, self_share
@@ -51,11 +52,6 @@ __all__ = [
     "sink_verdicts",
     "describe_verdict",
 ]
-
-#: What :func:`block_paths` reports per block: the four paths of
-#: :func:`diagsink.jacobian.decompose`, ``"attention"`` (value + key + query: the Jacobian
-#: without the residual's identity) and ``"total"`` (all four, the sublayer's Jacobian).
-PATH_PARTS: tuple[str, ...] = (*J.PATHS, "attention", "total")
 
 
 @dataclass(frozen=True)

@@ -239,7 +239,7 @@ def test_every_committed_run_carries_its_block_paths():
 
 
 def test_a_malformed_paths_field_is_refused():
-    assert artifacts.PATH_PARTS == PATH_PARTS  # the validator's copy of the parts
+    assert artifacts.PATH_PARTS == PATH_PARTS == (*J.PATHS, "attention", "total")
     art = json.loads((ROOT / "book" / "results" / "quick" / "none_seed0.json").read_text())
     depth = art["provenance"]["config"]["model"]["depth"]
     pair = {"diagonal": 1.0, "off_diagonal": 0.0}

@@ -162,8 +162,10 @@ def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[st
     return art
 
 
-#: The parts of each block in ``sensitivity.paths`` (:data:`diagsink.sensitivity.PATH_PARTS`;
-#: repeated here because that module imports the engine).
+#: What :func:`diagsink.sensitivity.block_paths` reports per block of ``sensitivity.paths``:
+#: the four paths of :func:`diagsink.jacobian.decompose`, ``"attention"`` (value + key + query:
+#: the Jacobian without the residual's identity) and ``"total"`` (all four, the sublayer's
+#: Jacobian). Defined here, where the validator needs it; the sensitivity module imports it.
 PATH_PARTS: tuple[str, ...] = ("residual", "value", "key", "query", "attention", "total")
 
 
