@@ -66,6 +66,7 @@ from diagsink._io import atomic_write_text
 from diagsink.engine.provenance import (
     device_name,
     git_commit,  # the commit the artifacts record (DIAGSINK_GIT_COMMIT without .git)
+    machine,
 )
 
 TARGET_MHA = 1.00  # fast path time / MHA time must not exceed this
@@ -303,19 +304,6 @@ def report(
             "met": ok,
         }
     return missed, rows
-
-
-def machine() -> str:
-    """The CPU's model name (``/proc/cpuinfo``) and core count, else what ``platform`` knows."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            models = [ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")]
-        if models:
-            name = models[0]
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} logical cores, {platform.system()} {platform.machine()}"
 
 
 def default_out(device: torch.device) -> str:

@@ -43,7 +43,9 @@ import torch
 from torch import nn
 
 from diagsink.engine.config import load_config
+from diagsink.engine.prepare import batch as gather_batch
 from diagsink.engine.prepare import prepare
+from diagsink.engine.provenance import git_commit, machine
 from diagsink.engine.train import build_model
 from diagsink.metrics import masked_mae
 
@@ -228,7 +230,7 @@ def ours_step(cfg, prepared, batch: int, low_memory: bool = False, graph: bool =
         starts = prepared.train[
             torch.randint(len(prepared.train), (batch,), generator=g).to(prepared.train.device)
         ]
-        x, y = batch(prepared, starts, 12, 12)
+        x, y = gather_batch(prepared, starts, 12, 12)
         _update(run, opt, x, y)
 
     return step
@@ -352,7 +354,7 @@ def inference_rate(
     ours = build_model(cfg, "dropout", prepared).eval()
     ref = _straightforward_model(cfg, prepared, device, graph=True).eval()
     starts = prepared.train[torch.randint(len(prepared.train), (batch,))]
-    x, _ = batch(prepared, starts, 12, 12)
+    x, _ = gather_batch(prepared, starts, 12, 12)
     times: list[list[float]] = [[], []]
     with (
         torch.no_grad(),
@@ -403,6 +405,9 @@ def main() -> None:
         torch.backends.cudnn.allow_tf32 = True
     data = load_metr_la()
     table: dict = {
+        "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "git_commit": git_commit(),
+        "machine": machine(),
         "data": data.describe(),
         "device": str(device),
         "torch": torch.__version__,
@@ -412,6 +417,7 @@ def main() -> None:
         "autocast": "bf16" if device.type == "cuda" else None,
         "rows": [],
     }
+    print(f"UTC {table['utc']}, git commit {table['git_commit']}, {table['machine']}")
     print(f"data: {table['data']}")
     print(
         f"device: {device} (torch {torch.__version__}, {torch.get_num_threads()} CPU threads), "

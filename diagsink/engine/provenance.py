@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["git_commit", "device_name", "release_freed_memory_to_os"]
+__all__ = ["git_commit", "device_name", "machine", "release_freed_memory_to_os"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,6 +56,19 @@ def device_name(device: torch.device) -> str:
         return f"cuda: {torch.cuda.get_device_name(device)}"
     proc = platform.processor() or platform.machine()
     return f"cpu: {proc}, {torch.get_num_threads()} threads"
+
+
+def machine() -> str:
+    """The CPU's model name (``/proc/cpuinfo``) and core count, else what ``platform`` knows."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            models = [ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")]
+        if models:
+            name = models[0]
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} logical cores, {platform.system()} {platform.machine()}"
 
 
 def release_freed_memory_to_os() -> bool:
