@@ -12,6 +12,12 @@ one sequence of ``G·T`` steps with a bias of ``-inf`` between steps of differen
 (:func:`pack_diagonal_bias`): a ``-inf`` logit gets weight 0, so every softmax is the one it
 would have been alone. Explained in the chapter "Attention over time, step by step"
 (``book/attention.ipynb``, section "Packing short sequences").
+
+With attention dropout on the CPU there is no fused kernel; :func:`dropout_attention` computes
+the same explicit formula with one projection GEMM for ``q, k, v``, a softmax written out
+(``torch.softmax`` over a last axis of 12 measured four times slower than ``exp`` and a sum)
+and a boolean keep mask, with its backward pass written by hand (:class:`_DropoutCore`). It is
+used in training; the appendix "Making it fast" (``book/fast.ipynb``) measures it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ import torch.nn.functional as F
 if TYPE_CHECKING:  # the layer imports this module; only its type is needed here
     from .attention import TemporalAttention
 
-__all__ = ["PACK_LENGTH", "fused_attention", "fused_bias", "pack_groups", "pack_diagonal_bias"]
+__all__ = [
+    "PACK_LENGTH",
+    "dropout_attention",
+    "fused_attention",
+    "fused_bias",
+    "pack_groups",
+    "pack_diagonal_bias",
+]
 
 #: On the CPU the fast path packs sequences of at most half this many steps end to end, into
 #: sequences of at most this many (see :func:`pack_groups`). Measured with
@@ -174,3 +187,68 @@ def fused_attention(
     b = fused_bias(diagonal, tuple(lead), layer.n_heads, length, groups, h)
     mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=b, dropout_p=p_drop)
     return layer.merge_heads(mixed).reshape(*lead, length, channels)
+
+
+class _DropoutCore(torch.autograd.Function):
+    """``dropout(softmax(q k^T + b)) v`` over ``[M, T, d]`` blocks, with its backward pass.
+
+    ``q`` is already scaled by ``1 / sqrt(d_h)``; ``b`` is ``None``, ``[T, T]`` or ``[M, T, T]``
+    (a constant: no gradient). Saved for the backward pass: ``q, k, v``, the weights ``α``
+    ``[M, T, T]`` and the boolean keep mask (a byte per entry instead of a float).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, p_drop: float):
+        s = torch.bmm(q, k.transpose(1, 2))  # [M, T, T]
+        if bias is not None:
+            s += bias
+        s -= s.amax(-1, keepdim=True)  # softmax, in place on the new tensor s
+        alpha = s.exp_()
+        alpha /= alpha.sum(-1, keepdim=True)
+        # the draws of F.dropout (same generator calls, same values), stored as bytes
+        keep = torch.empty_like(alpha, dtype=torch.bool).bernoulli_(1.0 - p_drop)
+        ctx.scale = 1.0 / (1.0 - p_drop)
+        ctx.save_for_backward(q, k, v, alpha, keep)
+        return torch.bmm(alpha * keep * ctx.scale, v)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, alpha, keep = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_v = torch.bmm((alpha * keep * ctx.scale).transpose(1, 2), grad)
+        g = torch.bmm(grad, v.transpose(1, 2))  # d loss / d dropped weights
+        g *= keep
+        g *= ctx.scale
+        g *= alpha  # softmax backward: α (g - Σ_j α_j g_j)
+        g -= alpha * g.sum(-1, keepdim=True)
+        return torch.bmm(g, k), torch.bmm(g.transpose(1, 2), q), grad_v, None, None
+
+
+def dropout_attention(
+    layer: TemporalAttention, h: torch.Tensor, bias: torch.Tensor | None, p_drop: float
+) -> torch.Tensor:
+    """``Σ_j dropout(α)_ij v_j`` with attention dropout, heads merged: ``[..., T, C] -> [..., T, C]``.
+
+    The layer's explicit formula ``dropout(softmax(q k^T / sqrt(d_h) + b), p) v`` (``W_O`` is
+    left to the caller), computed by :class:`_DropoutCore`: the three projections as one GEMM
+    with ``1 / sqrt(d_h)`` folded into ``W_Q`` and ``b_Q``. ``bias`` is the regularizer's
+    additive bias (``None``, ``[T, T]`` or ``[..., H, T, T]``). The keep mask is drawn as
+    ``F.dropout`` draws it (``bernoulli_(1 - p)``), so the same seed drops the same weights as
+    the explicit path and as ``nn.MultiheadAttention``.
+    """
+    *lead, length, channels = h.shape
+    n_seq, heads, d_head = math.prod(lead), layer.n_heads, layer.d_head
+    scale = 1.0 / math.sqrt(d_head)
+    projections = (layer.q_proj, layer.k_proj, layer.v_proj)
+    weight = torch.cat([layer.q_proj.weight * scale, layer.k_proj.weight, layer.v_proj.weight])
+    b_qkv = None
+    if all(proj.bias is not None for proj in projections):
+        b_qkv = torch.cat([layer.q_proj.bias * scale, layer.k_proj.bias, layer.v_proj.bias])
+    qkv = F.linear(h, weight, b_qkv)  # [..., T, 3 C]
+    qkv = qkv.reshape(n_seq, length, 3, heads, d_head).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.reshape(3, n_seq * heads, length, d_head)  # each [M H, T, d_h]
+    if bias is not None and bias.dim() > 2:  # one bias per sequence and head
+        bias = bias.expand(*lead, heads, length, length).reshape(n_seq * heads, length, length)
+    mixed = _DropoutCore.apply(q, k, v, bias, p_drop)  # [M H, T, d_h]
+    mixed = mixed.view(n_seq, heads, length, d_head).transpose(1, 2)
+    return mixed.reshape(*lead, length, channels)

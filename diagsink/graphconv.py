@@ -231,7 +231,8 @@ class DiffusionGraphConv(nn.Module):
         """``[(P_i, P_i^T)]`` for the fixed supports: sparse CSR on the CPU, else dense ``[N, N]``.
 
         On the CPU a road graph's walk (METR-LA: 1,722 non-zeros of 207 x 207) is applied about
-        five times faster as CSR than dense. The CSR copies are built once per device and
+        five times faster as CSR than dense (measured on a 2-core x86-64 CPU: 1.5 ms against
+        7.5 ms for ``[207, 207] @ [207, 6912]``). The CSR copies are built once per device and
         dtype and kept (building them costs more than a forward pass); they are derived from
         the buffers ``support_i`` and are not part of the ``state_dict``.
         """

@@ -57,8 +57,13 @@ PAPER_SHAPE = Shape()
 
 
 def linear_coefficient(shape: Shape = PAPER_SHAPE, *, sparse: bool = False) -> int:
-    """``9 + S K + a``: how many ``N T C`` tensors one block keeps per sample (see :func:`activation_bytes`)."""
-    return 9 + shape.supports * shape.order + (shape.order if sparse else 1) * int(shape.adaptive)
+    """How many ``N T C`` tensors one block keeps per sample (see :func:`activation_bytes`).
+
+    ``10 + a`` for the dense layer (``a = K`` with a learned graph, else 0; 12 for the paper's
+    model); ``9 + S K + a`` for the sparse layer, which keeps its ``S K`` diffusion terms.
+    """
+    learned = shape.order * int(shape.adaptive)
+    return 9 + shape.supports * shape.order + learned if sparse else 10 + learned
 
 
 def activation_bytes(
@@ -70,27 +75,23 @@ def activation_bytes(
     sparse: bool = False,
     bytes_per: int = 4,
 ) -> float:
-    """Activations kept for the backward pass, in bytes (formula; float32 by default).
+    """Activations kept for the backward pass of a CPU training step, in bytes (formula; float32 by default).
 
-    Per block and sample ``(9 + S K + a) N T C`` (projections, heads, residuals and norms,
-    the ``S K`` diffusion terms, and the inputs of the learned graph's products: ``a = 1``
-    dense, ``a = K`` sparse, ``a = 0`` without a learned graph; 16 for the paper's dense
-    ``S K = 6``) plus ``3 N H T^2`` (the attention weights, the dropout mask and the weights
-    after dropout: the O(T^2) part); with the learned
-    adjacency, per block and once per batch, ``(K + 2) N^2`` for it and its stacked powers
-    (the fixed supports' powers are a constant buffer, computed once; ``2 N^2`` in the sparse
-    path, which stacks nothing); the read-out
-    ``N T (C + 1)`` per sample.
+    Per block and sample: ``linear_coefficient`` ``N T C`` numbers (the attention's input,
+    ``q, k, v`` and merged heads, the graph layer's node-major input, the residual sums and
+    dropout masks, and the ``K`` inputs of the learned graph's products: 12 for the paper's
+    model), ``4 N T`` for the two LayerNorms' means and inverse deviations, and ``N H T^2``
+    attention weights plus as many one-byte keep flags of the dropout mask (the O(T^2) part).
+    Per block and batch: the three projection weights concatenated, ``3 C^2``, and with the
+    learned adjacency ``2 N^2`` (it and its softmax). Read-out: ``N T (C + 4)`` per sample.
     """
     c, h, layers = shape.d_model, shape.n_heads, shape.depth
     linear = linear_coefficient(shape, sparse=sparse)
-    per_sample = layers * (linear * n_nodes * t * c + 3 * n_nodes * h * t * t) + n_nodes * t * (
-        c + 1
-    )
-    graph = 0
-    if shape.adaptive:
-        graph = (2 if sparse else shape.order + 2) * n_nodes**2
-    return float(bytes_per * (batch * per_sample + layers * graph))
+    per_sample = bytes_per * layers * (linear * n_nodes * t * c + 4 * n_nodes * t)
+    per_sample += (bytes_per + 1) * layers * n_nodes * h * t * t
+    per_sample += bytes_per * n_nodes * t * (c + 4)
+    graph = 3 * c * c + (2 * n_nodes**2 if shape.adaptive else 0)
+    return float(batch * per_sample + bytes_per * layers * graph)
 
 
 def forward_flops(
@@ -100,12 +101,11 @@ def forward_flops(
 
     Per block and sample: the Q, K, V and output projections ``8 N T C^2``; logits and the
     weighted sum ``4 N T^2 C``; the channel mix of the ``1 + S K`` diffusion terms
-    ``2 (1 + S K) N T C^2``; the diffusion itself ``2 S K N^2 T C`` (dense) or
-    ``2 K nnz T C`` for the fixed supports (sparse, ``nnz`` given) plus ``2 K N^2 T C`` for the
-    learned one. Per block and batch (dense path): the powers ``A^k`` of the learned adjacency,
-    ``2 (K - 1) N^3`` (the fixed supports' powers are computed once, at construction), and
-    the learned adjacency ``2 N^2 e``. Read-out: ``2 N T (2 C + C + 1 + T_out)``.
-    A backward pass costs about twice the forward pass.
+    ``2 (1 + S K) N T C^2``; the diffusion itself, ``K`` products with each support,
+    ``2 S K N^2 T C`` counted dense, or ``2 K nnz T C`` for the fixed supports (``nnz``
+    given: their non-zeros summed) plus ``2 K N^2 T C`` for the learned one. No power ``P^k``
+    is formed. Per block and batch: the learned adjacency ``2 N^2 e``. Read-out:
+    ``2 N T (2 C + C + 1 + T_out)``. A backward pass costs about twice the forward pass.
     """
     c, k, s, layers = shape.d_model, shape.order, shape.supports, shape.depth
     n = n_nodes
@@ -113,7 +113,6 @@ def forward_flops(
     per_batch = 2 * n * n * shape.embed_dim if shape.adaptive else 0
     if nnz is None:
         block += 2 * s * k * n * n * t * c
-        per_batch += 2 * int(shape.adaptive) * (k - 1) * n**3
     else:
         block += 2 * k * nnz * t * c + (2 * k * n * n * t * c if shape.adaptive else 0)
     head = 2 * n * t * (2 * c + c + 1 + shape.t_out)
