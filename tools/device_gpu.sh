@@ -9,7 +9,8 @@
 #       runs are kept in /tmp/diagsink-results while the machine stays warm, so a second
 #       `reproduce` call right after the first finishes the rest.
 #   run(command="bash tools/device_gpu.sh bench", carry=[".whl", ".devdata"], timeout_s=200)
-#       the attention and training benchmarks on the GPU: $OUT/bench-*.txt.
+#       the attention and training benchmarks on the GPU: $OUT/bench-*.txt and their JSON
+#       tables $OUT/attention_cuda.json, $OUT/training_cuda.json (for benchmarks/results/).
 #
 # Back here: `tar -xzf <files_at>/book-results.tar.gz -C book/results`, check them with
 # `pytest tests/test_artifacts.py`, and commit book/results/book/. A dry run on this machine's
@@ -49,9 +50,11 @@ case "$mode" in
     echo "packed: $(tar -tzf "$OUT/$proto-results.tar.gz" | grep -c '\.json$') artifacts in $OUT/$proto-results.tar.gz"
     ;;
   bench)
-    timeout 90 "$PYTHON" benchmarks/attention.py --full --device "$DEVICE" --rounds 5 > "$OUT/bench-attention-$DEVICE.txt" 2>&1
+    timeout 90 "$PYTHON" benchmarks/attention.py --full --device "$DEVICE" --rounds 5 \
+      --out "$OUT/attention_$DEVICE.json" > "$OUT/bench-attention-$DEVICE.txt" 2>&1
     echo "attention benchmark: status $?"
-    timeout 90 "$PYTHON" benchmarks/training.py --device "$DEVICE" --no-memory --steps 5 > "$OUT/bench-training-$DEVICE.txt" 2>&1
+    timeout 90 "$PYTHON" benchmarks/training.py --device "$DEVICE" --no-memory --steps 5 \
+      --out "$OUT/training_$DEVICE.json" > "$OUT/bench-training-$DEVICE.txt" 2>&1
     echo "training benchmark: status $?"
     tail -n 5 "$OUT"/bench-*.txt
     ;;
