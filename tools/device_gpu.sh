@@ -32,7 +32,8 @@ fi
 [ -f .devdata/COMMIT ] || { echo "error: .devdata is missing (run tools/device_prepare.sh and carry .devdata)" >&2; exit 3; }
 export PYTHONUNBUFFERED=1 DIAGSINK_QUICK=0 DIAGSINK_DATA="$PWD/.devdata/metr-la"
 DIAGSINK_GIT_COMMIT="$(cat .devdata/COMMIT)"
-export DIAGSINK_GIT_COMMIT
+# The copy there may hold a .git that is not this tree's; artifacts record .devdata/COMMIT only.
+export DIAGSINK_GIT_COMMIT GIT_DIR=/nonexistent
 DEVICE="${DEVICE:-cuda}"
 "$PYTHON" - <<PY || exit 3
 import torch, tables, diagsink

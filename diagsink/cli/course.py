@@ -8,14 +8,18 @@ import os
 from pathlib import Path
 
 from .._io import atomic_write_text
-from ..course import exercise_problems, exercises_of, export, find_book_root, grade, toc_notebooks
-from ..course.notebooks import read_notebook
 from ..errors import ConfigError
 
 __all__ = ["add_commands"]
 
 
+# diagsink.course needs nbformat (a book dependency); imported per command so that the other
+# commands (train, reproduce, ...) run where only the package's runtime needs are installed.
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
+    from ..course import export
+
     report = export(args.out, source=args.source, solutions=args.solutions)
     for edition in report.editions:
         print(f"{edition:10s} {report.out / edition}  ({len(report.notebooks)} notebooks)")
@@ -26,6 +30,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_grade(args: argparse.Namespace) -> int:
+    from ..course import grade
+
     report: dict[str, list[dict[str, str]]] = {}
     for notebook in args.notebooks:
         if not Path(notebook).is_file():
@@ -47,6 +53,9 @@ def _cmd_grade(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from ..course import exercise_problems, exercises_of, find_book_root, toc_notebooks
+    from ..course.notebooks import read_notebook
+
     root = find_book_root(args.source)
     problems: list[str] = []
     count = 0
