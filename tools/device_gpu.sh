@@ -8,9 +8,10 @@
 #       CAP=540 s) and returns $OUT/book-results.tar.gz (the artifacts and the log). Finished
 #       runs are kept in /tmp/diagsink-results while the machine stays warm, so a second
 #       `reproduce` call right after the first finishes the rest.
-#   run(command="bash tools/device_gpu.sh bench", carry=[".whl", ".devdata"], timeout_s=200)
+#   run(command="bash tools/device_gpu.sh bench", carry=[".whl", ".devdata"], timeout_s=420)
 #       the attention and training benchmarks on the GPU: $OUT/bench-*.txt and their JSON
-#       tables $OUT/attention_cuda.json, $OUT/training_cuda.json (for benchmarks/results/).
+#       tables $OUT/attention_cuda.json, $OUT/training_cuda.json, $OUT/training_cuda_compile.json
+#       (book and paper sizes under torch.compile), for benchmarks/results/.
 #
 # Back here: `tar -xzf <files_at>/book-results.tar.gz -C book/results`, check them with
 # `pytest tests/test_artifacts.py`, and commit book/results/book/. A dry run on this machine's
@@ -57,6 +58,10 @@ case "$mode" in
     timeout 90 "$PYTHON" benchmarks/training.py --device "$DEVICE" --no-memory --steps 5 \
       --out "$OUT/training_$DEVICE.json" > "$OUT/bench-training-$DEVICE.txt" 2>&1
     echo "training benchmark: status $?"
+    timeout 200 "$PYTHON" benchmarks/training.py --device "$DEVICE" --no-memory --steps 5 --compile \
+      --protocols book,paper --out "$OUT/training_${DEVICE}_compile.json" \
+      > "$OUT/bench-training-$DEVICE-compile.txt" 2>&1
+    echo "training benchmark, torch.compile: status $?"
     tail -n 5 "$OUT"/bench-*.txt
     ;;
   *)
