@@ -28,6 +28,9 @@ speed="$DATA/metr-la.h5"
 [ -f "$speed" ] || { echo "error: no metr-la.h5 or metr-la_first1026steps.h5 in $DATA" >&2; exit 1; }
 cp "$speed" "$DATA/graph_sensor_ids.txt" "$DATA/graph_sensor_locations.csv" "$DATA/adj_mx.pkl" .devdata/metr-la/
 "$PY" -c "from diagsink.engine.provenance import git_commit; print(git_commit())" > .devdata/COMMIT  # what artifacts record
+case "$(cat .devdata/COMMIT)" in
+  *+dirty|unknown) echo "error: the tree has uncommitted changes (or no commit): commit first, so the GPU artifacts name the code that made them" >&2; exit 1 ;;
+esac
 tree_kib=$(git ls-files -z | du -c --files0-from=- -k | tail -1 | cut -f1)
 carried_kib=$(du -sk .whl .devdata | awk '{s += $1} END {print s}')
 total_mib=$(( (tree_kib + carried_kib) / 1024 ))

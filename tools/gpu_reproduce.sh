@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one prepared GPU script: train the `book` protocol (5 variants x 4 seeds) on one GPU
-# (estimated 5-13 minutes) and record provenance. Run it from the repository root on the machine
+# (measured: about an hour on the full data, 2 minutes on the 1026-step slice; see the header
+# of diagsink/configs/book.yaml) and record provenance. Run it from the repository root on the machine
 # with the GPU:
 #
 #     DIAGSINK_DATA=/path/to/metr-la tools/gpu_reproduce.sh [OUT_DIR]
@@ -8,7 +9,7 @@
 # Artifacts go to OUT_DIR/book/ (default book/results/book/). `diagsink reproduce` skips
 # finished runs, so if the time cap below stops it, rerunning the script finishes the rest.
 # Every run trains the fixed 12 epochs of diagsink/configs/book.yaml (no per-run time cap);
-# 20 runs are estimated at 5-13 min on one H200 (unmeasured: see that file's header).
+# when the cap stops it, a rerun skips finished runs and resumes the interrupted one.
 #
 # Environment (defaults in brackets): PYTHON [python], PROTOCOL [book], SEEDS [4],
 # DEVICE [cuda], CAP [570] seconds for the whole reproduce (a dry run on a CPU:

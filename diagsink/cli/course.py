@@ -13,11 +13,8 @@ from ..errors import ConfigError
 __all__ = ["add_commands"]
 
 
-# diagsink.course needs nbformat (a book dependency); imported per command so that the other
-# commands (train, reproduce, ...) run where only the package's runtime needs are installed.
-
-
 def _cmd_export(args: argparse.Namespace) -> int:
+    # reason: diagsink.course needs nbformat; train/reproduce must run without it (GPU machine)
     from ..course import export
 
     report = export(args.out, source=args.source, solutions=args.solutions)
@@ -30,6 +27,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_grade(args: argparse.Namespace) -> int:
+    # reason: diagsink.course needs nbformat; train/reproduce must run without it (GPU machine)
     from ..course import grade
 
     report: dict[str, list[dict[str, str]]] = {}
@@ -53,8 +51,9 @@ def _cmd_grade(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    # reason: diagsink.course needs nbformat; train/reproduce must run without it (GPU machine)
     from ..course import exercise_problems, exercises_of, find_book_root, toc_notebooks
-    from ..course.notebooks import read_notebook
+    from ..course.notebooks import read_notebook  # reason: as above
 
     root = find_book_root(args.source)
     problems: list[str] = []
