@@ -94,7 +94,7 @@ def test_forecasts_are_float32_even_under_autocast():
     cfg = tiny()
     model, _ = train_model(cfg, "none", 0, data=data, device="cpu", write=False, progress=False)
     prepared = prepare(data, cfg)
-    plain, target = predict(model, prepared, prepared.val, cfg)
+    plain, _ = predict(model, prepared, prepared.val, cfg)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         inside, _ = predict(model, prepared, prepared.val, cfg)
         x, _ = batch(

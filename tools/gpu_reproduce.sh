@@ -8,8 +8,7 @@
 #
 # Artifacts go to OUT_DIR/book/ (default book/results/book/). `diagsink reproduce` skips
 # finished runs, so if the time cap below stops it, rerunning the script finishes the rest.
-# Every run trains the fixed 12 epochs of diagsink/configs/book.yaml (no per-run time cap);
-# when the cap stops it, a rerun skips finished runs and resumes the interrupted one.
+# Every run trains the fixed 12 epochs of diagsink/configs/book.yaml (no per-run time cap).
 #
 # Environment (defaults in brackets): PYTHON [python], PROTOCOL [book], SEEDS [4],
 # DEVICE [cuda], CAP [570] seconds for the whole reproduce (a dry run on a CPU:

@@ -126,12 +126,13 @@ def _autocast(device: torch.device):
 
 
 @contextlib.contextmanager
-def _full_precision():
-    """float32 matrix products (TF32 off) inside, the previous settings restored after."""
+def _full_precision(device: torch.device):
+    """float32 inside: any autocast off, TF32 off; the previous settings restored after."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        yield
+        with torch.autocast(device_type=device.type, enabled=False):
+            yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
@@ -149,11 +150,10 @@ def predict(
     model.eval()
     m, bs = cfg["model"], cfg["train"]["eval_batch_size"]
     preds, targets = [], []
-    with _full_precision():
+    with _full_precision(prepared.series.device):
         for i in range(0, len(starts), bs):
             x, y = batch(prepared, starts[i : i + bs], m["t_in"], m["t_out"])
-            with torch.autocast(device_type=x.device.type, enabled=False):
-                preds.append(model(x).float())
+            preds.append(model(x).float())
             targets.append(y)
     return torch.cat(preds), torch.cat(targets)
 
