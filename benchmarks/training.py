@@ -10,21 +10,22 @@ training steps (forward, masked-MAE loss, backward, clipping, AdamW) of
 * **ours**: :class:`diagsink.model.TSModel` fed by the engine's vectorised
   ``protocol.gather`` from the series kept on the device (the code path of
   :func:`diagsink.engine.train.train_run`), including the graph convolution that mixes sensors;
-* **ours without graph convolutions**: the same, with every graph convolution removed: the
-  ceiling that no speed-up of the graph convolution could pass;
-* **baseline**: what one would write first: a per-sample ``torch.utils.data.Dataset``
-  (numpy slicing in ``__getitem__``) and a ``DataLoader`` (shuffle, default collate) feeding
-  blocks of ``nn.MultiheadAttention`` over time per sensor (+ residual, LayerNorm) of the
-  same width, heads and depth, with the same embedding and head -- and *no* graph
-  convolution (it does less work than ours).
+* **reference** (same work): what one would write first: a per-sample
+  ``torch.utils.data.Dataset`` and a ``DataLoader`` feeding blocks of ``nn.MultiheadAttention``
+  over time per sensor and a Graph-WaveNet-style graph convolution written as dense ``einsum``s
+  over the same supports and diffusion order, of the same width, heads and depth;
+* **no graph**: ours with every graph convolution removed: less work than either, the
+  ceiling that no speed-up of the graph convolution could pass.
 
-The two are timed alternately, step by step (median of the timed steps), so that other load on
-a shared machine affects both alike. It prints samples/s, the implied seconds per epoch on the full METR-LA training split
-(23,974 windows; an extrapolation from the measured steps) and the ratio ours/baseline.
-Then it measures the peak resident memory of ``paper`` training steps at batch 32 in a fresh
+The three are timed alternately, step by step (median of the timed steps), so that other load on
+a shared machine affects them alike. It prints samples/s and the ratios ours/reference and
+ours/no-graph, and inference samples/s (eval, batch 256).
+On the CPU it then measures the peak resident memory of ``paper`` training steps in a fresh
 subprocess (``VmHWM`` from ``/proc/self/status``, the peak resident set size; ``ru_maxrss`` is not
-used because Linux carries the parent's peak over into a child),
-with and without ``--low-memory`` (activation checkpointing), and the time cost of the latter.
+used because Linux carries the parent's peak over into a child): at batch 32 with and without
+``--low-memory`` (activation checkpointing) and for the reference, and at the ``paper``
+protocol's own batch of 128 with ``--low-memory`` (without it, batch 128 is not tried: the
+batch-32 peak times four would exhaust a 24 GB machine such as the one this runs on in CI).
 Data: the real graph and the available speeds (``DIAGSINK_DATA``); throughput does not
 depend on how many steps the file holds.
 """
@@ -314,18 +315,18 @@ sys.path.insert(0, HERE)
 import training as bt
 cfg = load_config("paper")
 prepared = prepare(load_metr_la(), cfg, "cpu")
-step = (bt.baseline_step(cfg, prepared, 32, torch.device("cpu"), graph=True) if REF
-        else bt.ours_step(cfg, prepared, 32, low_memory=LOW))
+step = (bt.baseline_step(cfg, prepared, BATCH, torch.device("cpu"), graph=True) if REF
+        else bt.ours_step(cfg, prepared, BATCH, low_memory=LOW))
 step(); step()
 # VmHWM: this process's peak resident set (ru_maxrss would include the parent's peak: Linux keeps it across exec)
 print([line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")][0])
 """
 
 
-def peak_memory_paper_batch32(
-    low_memory: bool, fixed_mmap_threshold: bool = False, reference: bool = False
+def peak_memory_paper(
+    low_memory: bool, fixed_mmap_threshold: bool = False, reference: bool = False, batch: int = 32
 ) -> float:
-    """Peak RSS (GiB) of a fresh process running two ``paper`` training steps at batch 32 on the CPU.
+    """Peak RSS (GiB) of a fresh process running two ``paper`` training steps at ``batch`` on the CPU.
 
     ``fixed_mmap_threshold``: run it with ``MALLOC_MMAP_THRESHOLD_=131072`` (what ``--low-memory``
     sets from inside the engine), so that glibc returns freed activation blocks to the OS.
@@ -335,6 +336,7 @@ def peak_memory_paper_batch32(
         PEAK_SNIPPET.replace("HERE", repr(here))
         .replace("LOW", repr(low_memory))
         .replace("REF", repr(reference))
+        .replace("BATCH", repr(batch))
     )
     env = dict(os.environ)
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
@@ -473,9 +475,13 @@ def main() -> None:
             ("ours_low_memory", True, False),
             ("reference", False, True),
         ):
-            gib = peak_memory_paper_batch32(low, low, reference=ref)
+            gib = peak_memory_paper(low, low, reference=ref)
             table["peak_gib_paper_batch32"][key] = gib
             print(f"  {key:20s} {gib:6.2f} GiB", flush=True)
+        print("peak resident memory (VmHWM), paper protocol, its own batch 128, --low-memory:")
+        gib = peak_memory_paper(True, True, batch=128)
+        table["peak_gib_paper_batch128"] = {"ours_low_memory": gib}
+        print(f"  {'ours_low_memory':20s} {gib:6.2f} GiB", flush=True)
     out = args.out or os.path.join(
         os.path.dirname(os.path.abspath(__file__)),
         "results",

@@ -18,6 +18,7 @@ from diagsink.engine.artifacts import (
     write_artifact,
 )
 from diagsink.engine.config import load_config, override
+from diagsink.engine.provenance import COPIED_TREE_SUFFIX
 from diagsink.engine.train import train_run
 
 from conftest import ROOT
@@ -174,7 +175,7 @@ def test_every_committed_artifact_comes_from_a_clean_commit():
         p.relative_to(ROOT).as_posix()
         for p in EVERY_COMMITTED
         if not all(
-            re.fullmatch(r"[0-9a-f]{40}( \(DIAGSINK_GIT_COMMIT, no \.git\))?", commit)
+            re.fullmatch(f"[0-9a-f]{{40}}({re.escape(COPIED_TREE_SUFFIX)})?", commit)
             for commit in _commits(json.loads(p.read_text()))
         )
     ]

@@ -302,7 +302,11 @@ def test_git_commit_outside_a_checkout_uses_the_recorded_commit(monkeypatch):
         assert tr.git_commit() == "unknown"
         tr.git_commit.cache_clear()
         monkeypatch.setenv("DIAGSINK_GIT_COMMIT", "0123abc")
-        assert tr.git_commit() == "0123abc (DIAGSINK_GIT_COMMIT, no .git)"
+        assert (
+            tr.git_commit()
+            == "0123abc" + tr.COPIED_TREE_SUFFIX
+            == "0123abc (DIAGSINK_GIT_COMMIT, no .git)"
+        )
     finally:
         tr.git_commit.cache_clear()
     monkeypatch.undo()

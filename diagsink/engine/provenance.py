@@ -17,7 +17,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["git_commit", "device_name", "machine", "release_freed_memory_to_os"]
+__all__ = [
+    "COPIED_TREE_SUFFIX",
+    "git_commit",
+    "device_name",
+    "machine",
+    "release_freed_memory_to_os",
+]
+
+#: Appended to a commit that was not read from ``.git`` but given in ``DIAGSINK_GIT_COMMIT``.
+COPIED_TREE_SUFFIX = " (DIAGSINK_GIT_COMMIT, no .git)"
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,7 +56,7 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     given = os.environ.get("DIAGSINK_GIT_COMMIT", "").strip()
-    return f"{given} (DIAGSINK_GIT_COMMIT, no .git)" if given else "unknown"
+    return given + COPIED_TREE_SUFFIX if given else "unknown"
 
 
 def device_name(device: torch.device) -> str:
