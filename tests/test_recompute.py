@@ -97,6 +97,18 @@ def test_the_converged_runs_carry_their_sensitivity():
     )
 
 
+def test_the_four_block_runs_are_complete_and_converged():
+    """The depth chapter's trained stacks: 5 variants x 3 seeds of custom-depth4, 4 blocks each."""
+    deep = [json.loads(p.read_text()) for p in WITH_WEIGHTS if p.parent.name == "custom-depth4"]
+    assert sorted((a["variant"], a["seed"]) for a in deep) == sorted(
+        (v, s) for v in VARIANTS for s in range(3)
+    ), "run `diagsink reproduce --protocol diagsink/configs/custom-depth4.yaml --device cpu`"
+    assert all(a["provenance"]["config"]["model"]["depth"] == 4 for a in deep)
+    assert all(
+        a["stopped"] == "early_stopping" or a["best_epoch"] < a["epochs_run"] - 1 for a in deep
+    )
+
+
 def test_changed_weights_or_other_data_are_refused(tmp_path, data):
     src = WITH_WEIGHTS[0]
     art = json.loads(src.read_text())
