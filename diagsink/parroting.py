@@ -359,28 +359,35 @@ def length_sweep(
     *,
     budget: str = "fixed",
     base_steps: int = 400,
+    base_length: int | None = None,
     variant: str = "none",
-    task: ParrotTask = _DEFAULT_TASK,
+    task: ParrotTask | SeasonalTask = _DEFAULT_TASK,
+    n_test: int = 256,
+    **train_kwargs,
 ) -> dict[tuple[int, int], tuple[TrainResult, Evaluation]]:
-    """One trained and evaluated :class:`ParrotNet` per length and seed (the chapter's length sweep).
+    """One trained and evaluated model per length and seed (the chapter's length sweeps).
 
-    Returns ``{(T, seed): (TrainResult, Evaluation)}``.
+    Returns ``{(T, seed): (TrainResult, Evaluation)}``, each evaluated on ``n_test`` test sequences.
 
-    ``budget="fixed"``: ``base_steps`` at every length (the chapter's first sweep); ``"scaled"``:
-    :func:`scaled_steps` from ``min(lengths)``, the control that separates an effect of ``T``
-    from the speed of optimisation. Raises :class:`ConfigError` for an unknown budget.
+    ``budget="fixed"``: ``base_steps`` at every length (the chapter's first sweeps); ``"scaled"``:
+    :func:`scaled_steps` from ``base_length`` (default ``min(lengths)``), the control that
+    separates an effect of ``T`` from the speed of optimisation. ``task`` is a
+    :class:`ParrotTask` or a :class:`SeasonalTask`; ``**train_kwargs`` (``batch``, ``d_model``,
+    ``lr``, ``layer``, ...) go to :func:`train_task` unchanged, at every length. Raises
+    :class:`ConfigError` for an unknown budget or an empty list of lengths or seeds.
     """
     if budget not in BUDGETS:
         raise ConfigError(f"budget={budget!r} is not known; choose one of {', '.join(BUDGETS)}.")
     if not lengths or not seeds:
         raise ConfigError("length_sweep needs at least one length and one seed.")
-    base = min(lengths)
+    base = min(lengths) if base_length is None else base_length
     out = {}
     for length in lengths:
         steps = base_steps if budget == "fixed" else scaled_steps(length, base_steps, base)
         for seed in seeds:
-            run = train_task(length, variant, task=task, seed=seed, steps=steps)
-            out[length, seed] = (run, evaluate(run.model, length, task=task, variant=variant))
+            run = train_task(length, variant, task=task, seed=seed, steps=steps, **train_kwargs)
+            ev = evaluate(run.model, length, task=task, n=n_test, variant=variant)
+            out[length, seed] = (run, ev)
     return out
 
 

@@ -211,7 +211,7 @@ def test_path_block_norms_total_matches_autograd():
 
 
 @pytest.mark.slow
-def test_seasonal_task_attention_collapses_onto_the_diagonal_as_T_grows():
+def test_seasonal_task_attention_collapses_onto_the_diagonal_as_T_grows_at_a_fixed_budget():
     task = pr.SeasonalTask()
     kw = dict(task=task, steps=300, batch=32, d_model=32)
     diag = {}
@@ -219,6 +219,27 @@ def test_seasonal_task_attention_collapses_onto_the_diagonal_as_T_grows():
         ev = pr.evaluate(pr.train_task(T, **kw).model, T, task=task, n=64)
         diag[T] = float(ev.attention.diagonal()[task.lag :].mean())  # scored rows only
     assert diag[64] > 10 * max(diag[16], 1e-3) and diag[64] > 4 / 64
+
+
+@pytest.mark.slow
+def test_seasonal_task_does_not_collapse_with_a_budget_proportional_to_T():
+    # the length where 300 steps collapse (test above) with 300 x 64/16 steps: attention on the answer
+    task = pr.SeasonalTask()
+    sweep = pr.length_sweep(
+        [64],
+        [0],
+        budget="scaled",
+        base_steps=300,
+        base_length=16,
+        task=task,
+        batch=32,
+        d_model=32,
+        n_test=64,
+    )
+    run, ev = sweep[64, 0]
+    assert len(run.losses) == 1200
+    assert float(ev.attention.diagonal()[task.lag :].mean()) < 2 / 64
+    assert ev.lag_mass > 0.5 and ev.mse < 0.5 * ev.mse_parrot
 
 
 # -- the control of the length sweep: a budget proportional to T ---------------------------
@@ -243,6 +264,21 @@ def test_length_sweep_budgets():
         pr.length_sweep([10], [0], budget="wall-clock")
     with pytest.raises(ds.ConfigError, match="at least one"):
         pr.length_sweep([], [0])
+
+
+def test_length_sweep_of_the_seasonal_task_passes_its_training_options():
+    task = pr.SeasonalTask(dim=6, season=3)
+    kw = dict(task=task, base_steps=3, batch=4, d_model=8, n_test=16)
+    scaled = pr.length_sweep([8, 16], [0, 1], budget="scaled", base_length=4, **kw)
+    assert set(scaled) == {(8, 0), (8, 1), (16, 0), (16, 1)}
+    # base_length 4: 3 x 8/4 and 3 x 16/4 steps, the first length no longer keeps base_steps
+    assert [len(scaled[T, 0][0].losses) for T in (8, 16)] == [6, 12]
+    run, ev = scaled[16, 1]
+    assert isinstance(run.model, pr.VectorParrotNet) and run.model.inp.out_features == 8
+    assert ev.length == 16 and ev.attention.shape == (16, 16)
+    # the same seed and the same batches: a scaled run starts as the fixed run of its length
+    fixed = pr.length_sweep([16], [1], budget="fixed", **kw)[16, 1][0]
+    assert fixed.losses == run.losses[:3]
 
 
 @pytest.mark.slow

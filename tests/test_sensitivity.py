@@ -110,6 +110,69 @@ def test_run_sensitivity_on_a_committed_run():
     assert len(out["paths"]["blocks"]) == run.cfg["model"]["depth"]
 
 
+class _Outputs(nn.Module):
+    """``model`` with its forecasts restricted to the sensors ``nodes``: ``[B, T_out, len(nodes)]``."""
+
+    def __init__(self, model: nn.Module, nodes: list[int]) -> None:
+        super().__init__()
+        self.model, self.nodes = model, nodes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)[..., self.nodes]
+
+
+def _exact_by_one_hot_rows(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``‖∂ŷ_b/∂x_{b,j}‖_F^2`` ``[B, T_in]``, not by :func:`exact_step_norms`: every output row at once.
+
+    Each window is repeated once per forecast entry and one backward pass takes a one-hot
+    cotangent per copy (windows do not interact in eval mode), so copy ``k`` receives row
+    ``k`` of the Jacobian of the speed channel.
+    """
+    out = []
+    for b in range(x.shape[0]):
+        n_out = model(x[b : b + 1]).numel()
+        rep = x[b : b + 1].expand(n_out, *x.shape[1:]).clone()
+        speed = rep[..., 0].clone().requires_grad_(True)
+        pred = model(torch.cat([speed.unsqueeze(-1), rep[..., 1:]], dim=-1))  # [n_out, T_out, n]
+        one_hot = torch.eye(n_out, dtype=pred.dtype).reshape(pred.shape)
+        (rows,) = torch.autograd.grad(pred, speed, one_hot)  # [n_out, T_in, N]: the Jacobian's rows
+        out.append(rows.pow(2).sum(dim=(0, 2)))
+    return torch.stack(out)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (many small backward passes), the previous count restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_hutchinson_profile_of_a_committed_run_matches_the_exact_one(one_thread):
+    """The estimator behind the stored profiles, on trained weights, against an exact Jacobian.
+
+    The committed quick run ``none`` seed 0 on its first test windows, forecasts restricted
+    to a few sensors (all ``N`` inputs still count) so that the exact Jacobian stays small.
+    """
+    run = load_run(ROOT / "book" / "results" / "quick" / "none_seed0.json")
+    m = run.cfg["model"]
+    x, _ = batch(run.prepared, run.prepared.test[:3], m["t_in"], m["t_out"])  # [3, 12, N, 2]
+    model = _Outputs(run.model, [0, 69, 138, 206]).eval()
+    exact_sq = _exact_by_one_hot_rows(model, x).detach()  # [B, T_in]
+    # the package's exact route (autograd.functional.jacobian, one window) gives the same numbers
+    torch.testing.assert_close(exact_step_norms(model, x[:1])[0], exact_sq[0], rtol=1e-4, atol=0)
+    exact = (exact_sq.mean(0) / x.shape[2]).sqrt()  # S_j as input_step_profile defines it
+    est = input_step_profile(model, x, "hutchinson", probes=32, seed=0)
+    z = (est.steps - exact).abs() / est.se
+    assert (z < 4).all(), z  # within 4 standard errors at every input step
+    assert (est.se < 0.1 * est.steps).all()  # and the errors are small
+    # the steps differ: a profile of the wrong step, or without the square, would be far off
+    assert (exact.max() / exact.min()) > 1.5
+    assert not torch.allclose(est.steps, exact.flip(0), rtol=0.1)
+    assert not torch.allclose(est.steps, exact.sqrt(), rtol=0.1)
+
+
 # ----------------------------------------------------------------------------------------
 # per-block paths on the blocks' real inputs
 # ----------------------------------------------------------------------------------------
