@@ -22,12 +22,15 @@ training steps (forward, masked-MAE loss, backward, clipping, AdamW) of
 The three are timed alternately, step by step (median of the timed steps), so that other load on
 a shared machine affects them alike. It prints samples/s and the ratios ours/reference and
 ours/no-graph, and inference samples/s (eval, batch 256).
-On the CPU it then measures the peak resident memory of ``paper`` training steps in a fresh
-subprocess (``VmHWM`` from ``/proc/self/status``, the peak resident set size; ``ru_maxrss`` is not
-used because Linux carries the parent's peak over into a child): at batch 32 with and without
-``--low-memory`` (activation checkpointing) and for the reference, and at the ``paper``
-protocol's own batch of 128 with ``--low-memory`` (without it, batch 128 is not tried: the
-batch-32 peak times four would exhaust a 24 GB machine such as the one this runs on in CI).
+On the CPU all of it runs as the engine runs every CPU training: with glibc's mmap threshold
+fixed (:func:`diagsink.engine.provenance.release_freed_memory_to_os`), so that freed
+activation blocks go back to the OS instead of staying in the heap. It then measures the peak
+resident memory of ``paper`` training steps, each in a fresh subprocess (``VmHWM`` from
+``/proc/self/status``, the peak resident set size; ``ru_maxrss`` is not used because Linux
+carries the parent's peak over into a child): at batch 32 for ours as the engine runs it, for
+ours with glibc's default (dynamic) threshold, for ours with ``--low-memory`` (activation
+checkpointing) and for the reference (glibc's default, as one would run it); and at the
+``paper`` protocol's own batch of 128 for ours with and without ``--low-memory``.
 Data: the real graph and the available speeds (``DIAGSINK_DATA``); throughput does not
 depend on how many steps the file holds.
 """
@@ -48,7 +51,7 @@ from torch import nn
 from diagsink.engine.config import load_config
 from diagsink.engine.prepare import batch as gather_batch
 from diagsink.engine.prepare import prepare
-from diagsink.engine.provenance import git_commit, machine
+from diagsink.engine.provenance import git_commit, machine, release_freed_memory_to_os
 from diagsink.engine.train import build_model
 from diagsink.metrics import masked_mae
 
@@ -293,6 +296,9 @@ sys.path.insert(0, HERE)
 import training as bt
 cfg = load_config("paper")
 prepared = prepare(load_metr_la(), cfg, "cpu")
+if FIXED:  # before the first large allocation, as train_run does
+    from diagsink.engine.provenance import release_freed_memory_to_os
+    assert release_freed_memory_to_os(), "could not fix glibc's mmap threshold"
 step = (bt.baseline_step(cfg, prepared, BATCH, torch.device("cpu"), graph=True) if REF
         else bt.ours_step(cfg, prepared, BATCH, low_memory=LOW))
 step(); step()
@@ -302,28 +308,41 @@ print([line.split()[1] for line in open("/proc/self/status") if line.startswith(
 
 
 def peak_memory_paper(
-    low_memory: bool, fixed_mmap_threshold: bool = False, reference: bool = False, batch: int = 32
+    low_memory: bool, fixed_mmap_threshold: bool = True, reference: bool = False, batch: int = 32
 ) -> float:
     """Peak RSS (GiB) of a fresh process running two ``paper`` training steps at ``batch`` on the CPU.
 
-    ``fixed_mmap_threshold``: run it with ``MALLOC_MMAP_THRESHOLD_=131072`` (what ``--low-memory``
-    sets from inside the engine), so that glibc returns freed activation blocks to the OS.
+    ``fixed_mmap_threshold``: call :func:`~diagsink.engine.provenance.release_freed_memory_to_os`
+    first, as the engine does for every CPU run (False: glibc's default, dynamic threshold).
     """
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
         PEAK_SNIPPET.replace("HERE", repr(here))
+        .replace("FIXED", repr(fixed_mmap_threshold))
         .replace("LOW", repr(low_memory))
         .replace("REF", repr(reference))
         .replace("BATCH", repr(batch))
     )
-    env = dict(os.environ)
-    env.pop("MALLOC_MMAP_THRESHOLD_", None)
-    if fixed_mmap_threshold:
-        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
     return int(out.stdout.strip().splitlines()[-1]) / 2**20  # VmHWM is in KiB
+
+
+#: the peak-memory probes: JSON key -> (batch, low_memory, fixed mmap threshold, reference)
+PEAK_PROBES = {
+    "peak_gib_paper_batch32": {
+        "ours": (32, False, True, False),
+        "ours_glibc_default": (32, False, False, False),
+        "ours_low_memory": (32, True, True, False),
+        "reference": (32, False, False, True),
+    },
+    "peak_gib_paper_batch128": {
+        "ours": (128, False, True, False),
+        "ours_low_memory": (128, True, True, False),
+    },
+}
 
 
 def inference_rate(
@@ -383,6 +402,7 @@ def main() -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    fixed = device.type == "cpu" and release_freed_memory_to_os()  # as train_run on the CPU
     data = load_metr_la()
     table: dict = {
         "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
@@ -395,6 +415,7 @@ def main() -> None:
         "steps": args.steps,
         "compile": COMPILE,
         "autocast": "bf16" if device.type == "cuda" else None,
+        "malloc": "glibc mmap threshold fixed (the engine's CPU default)" if fixed else None,
         "rows": [],
     }
     print(f"UTC {table['utc']}, git commit {table['git_commit']}, {table['machine']}")
@@ -448,21 +469,18 @@ def main() -> None:
     )
     if not args.no_memory and device.type == "cpu":
         print(
-            "peak resident memory (VmHWM), paper protocol, batch 32, two training steps (target: within 4 GB):"
+            "peak resident memory (VmHWM), paper protocol, two training steps (target: 4 GB at batch 32):"
         )
-        table["peak_gib_paper_batch32"] = {}
-        for key, low, ref in (
-            ("ours", False, False),
-            ("ours_low_memory", True, False),
-            ("reference", False, True),
-        ):
-            gib = peak_memory_paper(low, low, reference=ref)
-            table["peak_gib_paper_batch32"][key] = gib
-            print(f"  {key:20s} {gib:6.2f} GiB", flush=True)
-        print("peak resident memory (VmHWM), paper protocol, its own batch 128, --low-memory:")
-        gib = peak_memory_paper(True, True, batch=128)
-        table["peak_gib_paper_batch128"] = {"ours_low_memory": gib}
-        print(f"  {'ours_low_memory':20s} {gib:6.2f} GiB", flush=True)
+        for key, probes in PEAK_PROBES.items():
+            table[key] = {}
+            for name, (batch, low, fixed_threshold, ref) in probes.items():
+                gib = peak_memory_paper(low, fixed_threshold, reference=ref, batch=batch)
+                table[key][name] = gib
+                print(f"  batch {batch:3d} {name:20s} {gib:6.2f} GiB", flush=True)
+        print(
+            "ours: as the engine trains on the CPU (glibc mmap threshold fixed); glibc_default: "
+            "without that; low_memory: + activation checkpointing; reference: glibc's default."
+        )
     out = args.out or os.path.join(
         os.path.dirname(os.path.abspath(__file__)),
         "results",

@@ -86,9 +86,10 @@ def release_freed_memory_to_os() -> bool:
     glibc raises its mmap threshold dynamically (up to 32 MiB), after which the many
     activation-sized blocks of a training step are served from the heap and kept after being
     freed, so the resident memory of a CPU run grows far beyond what is alive at any moment
-    (for the paper model at batch 32: 4.7 GiB instead of 1.3 GiB with ``low_memory``; see
-    ``benchmarks/training.py``). Fixing the threshold (``mallopt(M_MMAP_THRESHOLD)``, the same
-    as ``MALLOC_MMAP_THRESHOLD_=131072``) stops that. Returns whether it could be set.
+    (``benchmarks/training.py`` measures the peak of the paper model with and without it).
+    Fixing the threshold (``mallopt(M_MMAP_THRESHOLD)``, the same as
+    ``MALLOC_MMAP_THRESHOLD_=131072``) stops that. :func:`diagsink.engine.train.train_run`
+    calls it for every CPU run. Returns whether it could be set.
     """
     if not sys.platform.startswith("linux"):
         return False
