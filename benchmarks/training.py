@@ -23,12 +23,13 @@ The three are timed alternately, step by step (median of the timed steps), so th
 a shared machine affects them alike. It prints samples/s and the ratios ours/reference and
 ours/no-graph, and inference samples/s (eval, batch 256).
 On the CPU all of it runs as the engine runs every CPU training: with glibc's mmap threshold
-fixed (:func:`diagsink.engine.provenance.release_freed_memory_to_os`), so that freed
-activation blocks go back to the OS instead of staying in the heap. It then measures the peak
+fixed, so that freed activation blocks go back to the OS instead of staying in the heap, and
+PyTorch's transparent huge pages on, so that their fresh pages fault in 2 MiB at a time
+(:func:`diagsink.engine.provenance.release_freed_memory_to_os`). It then measures the peak
 resident memory of ``paper`` training steps, each in a fresh subprocess (``VmHWM`` from
 ``/proc/self/status``, the peak resident set size; ``ru_maxrss`` is not used because Linux
 carries the parent's peak over into a child): at batch 32 for ours as the engine runs it, for
-ours with glibc's default (dynamic) threshold, for ours with ``--low-memory`` (activation
+ours with glibc's and PyTorch's defaults (dynamic threshold, no huge pages), for ours with ``--low-memory`` (activation
 checkpointing) and for the reference (glibc's default, as one would run it); and at the
 ``paper`` protocol's own batch of 128 for ours with and without ``--low-memory``.
 Data: the real graph and the available speeds (``DIAGSINK_DATA``); throughput does not
@@ -294,11 +295,11 @@ from diagsink.data import load_metr_la
 from diagsink.engine.prepare import prepare
 sys.path.insert(0, HERE)
 import training as bt
-cfg = load_config("paper")
-prepared = prepare(load_metr_la(), cfg, "cpu")
 if FIXED:  # before the first large allocation, as train_run does
     from diagsink.engine.provenance import release_freed_memory_to_os
     assert release_freed_memory_to_os(), "could not fix glibc's mmap threshold"
+cfg = load_config("paper")
+prepared = prepare(load_metr_la(), cfg, "cpu")
 step = (bt.baseline_step(cfg, prepared, BATCH, torch.device("cpu"), graph=True) if REF
         else bt.ours_step(cfg, prepared, BATCH, low_memory=LOW))
 step(); step()
@@ -313,7 +314,7 @@ def peak_memory_paper(
     """Peak RSS (GiB) of a fresh process running two ``paper`` training steps at ``batch`` on the CPU.
 
     ``fixed_mmap_threshold``: call :func:`~diagsink.engine.provenance.release_freed_memory_to_os`
-    first, as the engine does for every CPU run (False: glibc's default, dynamic threshold).
+    first, as the engine does for every CPU run (False: glibc's and PyTorch's defaults).
     """
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
@@ -415,7 +416,11 @@ def main() -> None:
         "steps": args.steps,
         "compile": COMPILE,
         "autocast": "bf16" if device.type == "cuda" else None,
-        "malloc": "glibc mmap threshold fixed (the engine's CPU default)" if fixed else None,
+        "malloc": (
+            "glibc mmap threshold fixed, PyTorch THP on (the engine's CPU default)"
+            if fixed
+            else None
+        ),
         "rows": [],
     }
     print(f"UTC {table['utc']}, git commit {table['git_commit']}, {table['machine']}")
@@ -478,8 +483,8 @@ def main() -> None:
                 table[key][name] = gib
                 print(f"  batch {batch:3d} {name:20s} {gib:6.2f} GiB", flush=True)
         print(
-            "ours: as the engine trains on the CPU (glibc mmap threshold fixed); glibc_default: "
-            "without that; low_memory: + activation checkpointing; reference: glibc's default."
+            "ours: as the engine trains on the CPU (glibc mmap threshold fixed, THP); glibc_default: "
+            "without that; low_memory: + activation checkpointing; reference: the defaults."
         )
     out = args.out or os.path.join(
         os.path.dirname(os.path.abspath(__file__)),

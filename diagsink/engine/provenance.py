@@ -88,11 +88,17 @@ def release_freed_memory_to_os() -> bool:
     freed, so the resident memory of a CPU run grows far beyond what is alive at any moment
     (``benchmarks/training.py`` measures the peak of the paper model with and without it).
     Fixing the threshold (``mallopt(M_MMAP_THRESHOLD)``, the same as
-    ``MALLOC_MMAP_THRESHOLD_=131072``) stops that. :func:`diagsink.engine.train.train_run`
-    calls it for every CPU run. Returns whether it could be set.
+    ``MALLOC_MMAP_THRESHOLD_=131072``) stops that. Every large block is then a fresh mapping
+    whose pages fault in one by one, which slowed a CPU training step by more than half; so it
+    also turns on PyTorch's transparent huge pages for CPU tensors of 2 MiB and more
+    (``THP_MEM_ALLOC_ENABLE=1``, faults per 2 MiB instead of 4 KiB). PyTorch reads that
+    variable once, at the process's first such allocation: call this before creating large
+    tensors (:func:`diagsink.engine.train.train_run` calls it before preparing the data, for
+    every CPU run). Returns whether the threshold could be set.
     """
     if not sys.platform.startswith("linux"):
         return False
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3

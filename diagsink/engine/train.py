@@ -319,6 +319,8 @@ def train_model(
     if device_t.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    if device_t.type == "cpu":  # before the data's tensors: see release_freed_memory_to_os
+        release_freed_memory_to_os()  # else glibc keeps freed activation blocks: peak RSS >> use
     if prepared is None:
         prepared = prepare(load_metr_la() if data is None else data, cfg, device_t)
     if write and out_dir is None:
@@ -328,8 +330,6 @@ def train_model(
     torch.manual_seed(seed)
     model = build_model(cfg, variant, prepared)
     model.checkpoint_blocks = low_memory
-    if device_t.type == "cpu":  # else glibc keeps freed activation blocks: peak RSS far above use
-        release_freed_memory_to_os()
     t = cfg["train"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"])
     key = {"variant": variant, "seed": seed, "config_hash": config_hash(cfg)}
