@@ -89,8 +89,8 @@ def release_freed_memory_to_os() -> bool:
     (``benchmarks/training.py`` measures the peak of the paper model with and without it).
     Fixing the threshold (``mallopt(M_MMAP_THRESHOLD)``, the same as
     ``MALLOC_MMAP_THRESHOLD_=131072``) stops that. Every large block is then a fresh mapping
-    whose pages fault in one by one, which slowed a CPU training step by more than half; so it
-    also turns on PyTorch's transparent huge pages for CPU tensors of 2 MiB and more
+    whose pages fault in one by one, 4 KiB at a time, which makes a CPU training step markedly
+    slower; so it also turns on PyTorch's transparent huge pages for CPU tensors of 2 MiB and more
     (``THP_MEM_ALLOC_ENABLE=1``, faults per 2 MiB instead of 4 KiB). PyTorch reads that
     variable once, at the process's first such allocation: call this before creating large
     tensors (:func:`diagsink.engine.train.train_run` calls it before preparing the data, for
