@@ -14,18 +14,24 @@ training steps (forward, masked-MAE loss, backward, clipping, AdamW) of
   ``torch.utils.data.Dataset`` and a ``DataLoader`` feeding blocks of ``nn.MultiheadAttention``
   over time per sensor and a Graph-WaveNet-style graph convolution written as dense ``einsum``s
   over the same supports and diffusion order, of the same width, heads and depth;
-* **no graph**: ours with every graph convolution removed: less work than either, the
-  ceiling that no speed-up of the graph convolution could pass.
+* **no graph** (today's baseline): the reference without its graph convolutions, i.e. the
+  straightforward model (``DataLoader`` + ``nn.MultiheadAttention`` blocks, :class:`BaselineModel`)
+  that does not mix sensors at all: less work than either of the two above. It is not ours
+  minus the graph convolution, so it is no ceiling for ours: ours may pass it.
 
 The three are timed alternately, step by step (median of the timed steps), so that other load on
 a shared machine affects them alike. It prints samples/s and the ratios ours/reference and
 ours/no-graph, and inference samples/s (eval, batch 256).
-On the CPU it then measures the peak resident memory of ``paper`` training steps in a fresh
-subprocess (``VmHWM`` from ``/proc/self/status``, the peak resident set size; ``ru_maxrss`` is not
-used because Linux carries the parent's peak over into a child): at batch 32 with and without
-``--low-memory`` (activation checkpointing) and for the reference, and at the ``paper``
-protocol's own batch of 128 with ``--low-memory`` (without it, batch 128 is not tried: the
-batch-32 peak times four would exhaust a 24 GB machine such as the one this runs on in CI).
+On the CPU all of it runs as the engine runs every CPU training: with glibc's mmap threshold
+fixed, so that freed activation blocks go back to the OS instead of staying in the heap, and
+PyTorch's transparent huge pages on, so that their fresh pages fault in 2 MiB at a time
+(:func:`diagsink.engine.provenance.release_freed_memory_to_os`). It then measures the peak
+resident memory of ``paper`` training steps, each in a fresh subprocess (``VmHWM`` from
+``/proc/self/status``, the peak resident set size; ``ru_maxrss`` is not used because Linux
+carries the parent's peak over into a child): at batch 32 for ours as the engine runs it, for
+ours with glibc's and PyTorch's defaults (dynamic threshold, no huge pages), for ours with ``--low-memory`` (activation
+checkpointing) and for the reference (glibc's default, as one would run it); and at the
+``paper`` protocol's own batch of 128 for ours with and without ``--low-memory``.
 Data: the real graph and the available speeds (``DIAGSINK_DATA``); throughput does not
 depend on how many steps the file holds.
 """
@@ -46,7 +52,7 @@ from torch import nn
 from diagsink.engine.config import load_config
 from diagsink.engine.prepare import batch as gather_batch
 from diagsink.engine.prepare import prepare
-from diagsink.engine.provenance import git_commit, machine
+from diagsink.engine.provenance import git_commit, machine, release_freed_memory_to_os
 from diagsink.engine.train import build_model
 from diagsink.metrics import masked_mae
 
@@ -196,13 +202,6 @@ def _update(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: to
         torch.cuda.synchronize()
 
 
-class NoGraph(nn.Module):
-    """Stands in for a block's graph convolution: adds nothing (a scalar zero, no allocation)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.new_zeros(())
-
-
 COMPILE = False  # set by --compile: torch.compile every model (measured as an option)
 
 
@@ -210,17 +209,10 @@ def _maybe_compile(model: nn.Module) -> nn.Module:
     return torch.compile(model) if COMPILE else model
 
 
-def ours_step(cfg, prepared, batch: int, low_memory: bool = False, graph: bool = True):
-    """One training step of the engine's code path (gather on the device, TSModel, masked MAE, clip, AdamW).
-
-    ``graph=False`` removes every graph convolution (:class:`NoGraph`): the same model doing only
-    what the baseline does, an upper bound on how fast ours could be with a free graph convolution.
-    """
+def ours_step(cfg, prepared, batch: int, low_memory: bool = False):
+    """One training step of the engine's code path (gather on the device, TSModel, masked MAE, clip, AdamW)."""
     torch.manual_seed(0)
     model = build_model(cfg, "dropout", prepared)
-    if not graph:
-        for block in model.blocks:
-            block.gconv = NoGraph()
     model.checkpoint_blocks = low_memory
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model.train()
@@ -296,16 +288,6 @@ def interleaved(*steps, n_steps: int) -> tuple[float, ...]:
     return tuple(_median(ts) for ts in times)
 
 
-def bench_ours(cfg, prepared, batch: int, n_steps: int) -> float:
-    """Samples per second of the engine alone (used by the memory probe)."""
-    step = ours_step(cfg, prepared, batch)
-    step()
-    t0 = time.perf_counter()
-    for _ in range(n_steps):
-        step()
-    return batch * n_steps / (time.perf_counter() - t0)
-
-
 PEAK_SNIPPET = """
 import sys, torch
 from diagsink.engine.config import load_config
@@ -313,6 +295,9 @@ from diagsink.data import load_metr_la
 from diagsink.engine.prepare import prepare
 sys.path.insert(0, HERE)
 import training as bt
+if FIXED:  # before the first large allocation, as train_run does
+    from diagsink.engine.provenance import release_freed_memory_to_os
+    assert release_freed_memory_to_os(), "could not fix glibc's mmap threshold"
 cfg = load_config("paper")
 prepared = prepare(load_metr_la(), cfg, "cpu")
 step = (bt.baseline_step(cfg, prepared, BATCH, torch.device("cpu"), graph=True) if REF
@@ -324,28 +309,41 @@ print([line.split()[1] for line in open("/proc/self/status") if line.startswith(
 
 
 def peak_memory_paper(
-    low_memory: bool, fixed_mmap_threshold: bool = False, reference: bool = False, batch: int = 32
+    low_memory: bool, fixed_mmap_threshold: bool = True, reference: bool = False, batch: int = 32
 ) -> float:
     """Peak RSS (GiB) of a fresh process running two ``paper`` training steps at ``batch`` on the CPU.
 
-    ``fixed_mmap_threshold``: run it with ``MALLOC_MMAP_THRESHOLD_=131072`` (what ``--low-memory``
-    sets from inside the engine), so that glibc returns freed activation blocks to the OS.
+    ``fixed_mmap_threshold``: call :func:`~diagsink.engine.provenance.release_freed_memory_to_os`
+    first, as the engine does for every CPU run (False: glibc's and PyTorch's defaults).
     """
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
         PEAK_SNIPPET.replace("HERE", repr(here))
+        .replace("FIXED", repr(fixed_mmap_threshold))
         .replace("LOW", repr(low_memory))
         .replace("REF", repr(reference))
         .replace("BATCH", repr(batch))
     )
-    env = dict(os.environ)
-    env.pop("MALLOC_MMAP_THRESHOLD_", None)
-    if fixed_mmap_threshold:
-        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
     return int(out.stdout.strip().splitlines()[-1]) / 2**20  # VmHWM is in KiB
+
+
+#: the peak-memory probes: JSON key -> (batch, low_memory, fixed mmap threshold, reference)
+PEAK_PROBES = {
+    "peak_gib_paper_batch32": {
+        "ours": (32, False, True, False),
+        "ours_glibc_default": (32, False, False, False),
+        "ours_low_memory": (32, True, True, False),
+        "reference": (32, False, False, True),
+    },
+    "peak_gib_paper_batch128": {
+        "ours": (128, False, True, False),
+        "ours_low_memory": (128, True, True, False),
+    },
+}
 
 
 def inference_rate(
@@ -405,6 +403,7 @@ def main() -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    fixed = device.type == "cpu" and release_freed_memory_to_os()  # as train_run on the CPU
     data = load_metr_la()
     table: dict = {
         "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
@@ -417,6 +416,11 @@ def main() -> None:
         "steps": args.steps,
         "compile": COMPILE,
         "autocast": "bf16" if device.type == "cuda" else None,
+        "malloc": (
+            "glibc mmap threshold fixed, PyTorch THP on (the engine's CPU default)"
+            if fixed
+            else None
+        ),
         "rows": [],
     }
     print(f"UTC {table['utc']}, git commit {table['git_commit']}, {table['machine']}")
@@ -464,24 +468,24 @@ def main() -> None:
     print(
         "ref: nn.MultiheadAttention + einsum graph conv (same spatial work), fed by a Dataset + DataLoader;"
     )
-    print("no-graph: the same without graph convolutions (today's baseline; less work than ours).")
+    print(
+        "no-graph: today's baseline, that straightforward model without graph convolutions "
+        "(no sensor mixing; less work than ours and ref)."
+    )
     if not args.no_memory and device.type == "cpu":
         print(
-            "peak resident memory (VmHWM), paper protocol, batch 32, two training steps (target: within 4 GB):"
+            "peak resident memory (VmHWM), paper protocol, two training steps (target: 4 GB at batch 32):"
         )
-        table["peak_gib_paper_batch32"] = {}
-        for key, low, ref in (
-            ("ours", False, False),
-            ("ours_low_memory", True, False),
-            ("reference", False, True),
-        ):
-            gib = peak_memory_paper(low, low, reference=ref)
-            table["peak_gib_paper_batch32"][key] = gib
-            print(f"  {key:20s} {gib:6.2f} GiB", flush=True)
-        print("peak resident memory (VmHWM), paper protocol, its own batch 128, --low-memory:")
-        gib = peak_memory_paper(True, True, batch=128)
-        table["peak_gib_paper_batch128"] = {"ours_low_memory": gib}
-        print(f"  {'ours_low_memory':20s} {gib:6.2f} GiB", flush=True)
+        for key, probes in PEAK_PROBES.items():
+            table[key] = {}
+            for name, (batch, low, fixed_threshold, ref) in probes.items():
+                gib = peak_memory_paper(low, fixed_threshold, reference=ref, batch=batch)
+                table[key][name] = gib
+                print(f"  batch {batch:3d} {name:20s} {gib:6.2f} GiB", flush=True)
+        print(
+            "ours: as the engine trains on the CPU (glibc mmap threshold fixed, THP); glibc_default: "
+            "without that; low_memory: + activation checkpointing; reference: the defaults."
+        )
     out = args.out or os.path.join(
         os.path.dirname(os.path.abspath(__file__)),
         "results",

@@ -16,8 +16,9 @@ would have been alone. Explained in the chapter "Attention over time, step by st
 With attention dropout on the CPU there is no fused kernel; :func:`dropout_attention` computes
 the same explicit formula with one projection GEMM for ``q, k, v``, a softmax written out
 (``torch.softmax`` over a last axis of 12 measured four times slower than ``exp`` and a sum)
-and a boolean keep mask, with its backward pass written by hand (:class:`_DropoutCore`). It is
-used in training; the appendix "Making it fast" (``book/fast.ipynb``) measures it.
+and a boolean keep mask, with its backward pass written by hand (:class:`_DropoutAttention`,
+which recomputes ``q, k, v`` there instead of storing them). It is used in training; the
+appendix "Making it fast" (``book/fast.ipynb``) measures it.
 """
 
 from __future__ import annotations
@@ -189,17 +190,35 @@ def fused_attention(
     return layer.merge_heads(mixed).reshape(*lead, length, channels)
 
 
-class _DropoutCore(torch.autograd.Function):
-    """``dropout(softmax(q k^T + b)) v`` over ``[M, T, d]`` blocks, with its backward pass.
+def _project_qkv(
+    h: torch.Tensor, weight: torch.Tensor, b_qkv: torch.Tensor | None, heads: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``q, k, v`` by one GEMM: ``h`` ``[M, T, C]`` -> three ``[M H, T, d_h]`` (heads split)."""
+    n_seq, length, channels = h.shape
+    qkv = F.linear(h, weight, b_qkv)  # [M, T, 3 C]
+    qkv = qkv.reshape(n_seq, length, 3, heads, channels // heads).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.reshape(3, n_seq * heads, length, channels // heads)
+    return q, k, v
 
-    ``q`` is already scaled by ``1 / sqrt(d_h)``; ``b`` is ``None``, ``[T, T]`` or ``[M, T, T]``
-    (a constant: no gradient). Saved for the backward pass: ``q, k, v``, the weights ``α``
-    ``[M, T, T]`` and the boolean keep mask (a byte per entry instead of a float).
+
+class _DropoutAttention(torch.autograd.Function):
+    """``dropout(softmax(q k^T + b)) v`` with ``q, k, v`` projected from ``h``, and its backward pass.
+
+    Inputs: ``h`` ``[M, T, C]`` (``M`` sequences, contiguous), ``weight`` ``[3 C, C]``
+    (``W_Q / sqrt(d_h)``, ``W_K``, ``W_V`` stacked), ``b_qkv`` ``[3 C]`` or ``None``, ``bias``
+    ``None``, ``[T, T]`` or ``[M H, T, T]`` (a constant: no gradient), ``p_drop`` and the number
+    of heads ``H``. Output: ``[M H, T, d_h]``.
+
+    Saved for the backward pass: ``h`` (which the weight gradient needs in any case), the
+    weights ``α`` ``[M H, T, T]`` and the boolean keep mask (a byte per entry instead of a
+    float). ``q, k, v`` (``3 C`` numbers per position, three times ``h``) are not kept: the
+    backward pass recomputes them from ``h`` with the same GEMM.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, p_drop: float):
-        s = torch.bmm(q, k.transpose(1, 2))  # [M, T, T]
+    def forward(ctx, h, weight, b_qkv, bias, p_drop: float, heads: int):
+        q, k, v = _project_qkv(h, weight, b_qkv, heads)
+        s = torch.bmm(q, k.transpose(1, 2))  # [M H, T, T]
         if bias is not None:
             s += bias
         s -= s.amax(-1, keepdim=True)  # softmax, in place on the new tensor s
@@ -207,21 +226,36 @@ class _DropoutCore(torch.autograd.Function):
         alpha /= alpha.sum(-1, keepdim=True)
         # the draws of F.dropout (same generator calls, same values), stored as bytes
         keep = torch.empty_like(alpha, dtype=torch.bool).bernoulli_(1.0 - p_drop)
-        ctx.scale = 1.0 / (1.0 - p_drop)
-        ctx.save_for_backward(q, k, v, alpha, keep)
+        ctx.scale, ctx.heads = 1.0 / (1.0 - p_drop), heads
+        ctx.save_for_backward(h, weight, b_qkv, alpha, keep)
         return torch.bmm(alpha * keep * ctx.scale, v)
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, alpha, keep = ctx.saved_tensors
+        h, weight, b_qkv, alpha, keep = ctx.saved_tensors
+        q, k, v = _project_qkv(h, weight, b_qkv, ctx.heads)  # recomputed, not saved
         grad = grad.contiguous()
-        grad_v = torch.bmm((alpha * keep * ctx.scale).transpose(1, 2), grad)
+        grad_qkv = torch.empty((3, *q.shape), dtype=q.dtype, device=q.device)
+        torch.bmm((alpha * keep * ctx.scale).transpose(1, 2), grad, out=grad_qkv[2])
         g = torch.bmm(grad, v.transpose(1, 2))  # d loss / d dropped weights
         g *= keep
         g *= ctx.scale
         g *= alpha  # softmax backward: α (g - Σ_j α_j g_j)
         g -= alpha * g.sum(-1, keepdim=True)
-        return torch.bmm(g, k), torch.bmm(g.transpose(1, 2), q), grad_v, None, None
+        torch.bmm(g, k, out=grad_qkv[0])
+        torch.bmm(g.transpose(1, 2), q, out=grad_qkv[1])
+        n_seq, length, channels = h.shape
+        # [3, M H, T, d_h] back to the projection's output layout [M T, 3 C]
+        grad_qkv = grad_qkv.view(3, n_seq, ctx.heads, length, channels // ctx.heads)
+        grad_qkv = grad_qkv.permute(1, 3, 0, 2, 4).reshape(n_seq * length, 3 * channels)
+        grad_h = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_h = (grad_qkv @ weight).view(h.shape)
+        if ctx.needs_input_grad[1]:
+            grad_w = grad_qkv.T @ h.reshape(n_seq * length, channels)
+        if b_qkv is not None and ctx.needs_input_grad[2]:
+            grad_b = grad_qkv.sum(0)
+        return grad_h, grad_w, grad_b, None, None, None
 
 
 def dropout_attention(
@@ -230,11 +264,12 @@ def dropout_attention(
     """``Σ_j dropout(α)_ij v_j`` with attention dropout, heads merged: ``[..., T, C] -> [..., T, C]``.
 
     The layer's explicit formula ``dropout(softmax(q k^T / sqrt(d_h) + b), p) v`` (``W_O`` is
-    left to the caller), computed by :class:`_DropoutCore`: the three projections as one GEMM
-    with ``1 / sqrt(d_h)`` folded into ``W_Q`` and ``b_Q``. ``bias`` is the regularizer's
-    additive bias (``None``, ``[T, T]`` or ``[..., H, T, T]``). The keep mask is drawn as
-    ``F.dropout`` draws it (``bernoulli_(1 - p)``), so the same seed drops the same weights as
-    the explicit path and as ``nn.MultiheadAttention``.
+    left to the caller), computed by :class:`_DropoutAttention`: the three projections as one
+    GEMM with ``1 / sqrt(d_h)`` folded into ``W_Q`` and ``b_Q``, recomputed in the backward pass
+    instead of stored. ``bias`` is the regularizer's additive bias (``None``, ``[T, T]`` or
+    ``[..., H, T, T]``). The keep mask is drawn as ``F.dropout`` draws it
+    (``bernoulli_(1 - p)``), so the same seed drops the same weights as the explicit path and
+    as ``nn.MultiheadAttention``.
     """
     *lead, length, channels = h.shape
     n_seq, heads, d_head = math.prod(lead), layer.n_heads, layer.d_head
@@ -244,11 +279,9 @@ def dropout_attention(
     b_qkv = None
     if all(proj.bias is not None for proj in projections):
         b_qkv = torch.cat([layer.q_proj.bias * scale, layer.k_proj.bias, layer.v_proj.bias])
-    qkv = F.linear(h, weight, b_qkv)  # [..., T, 3 C]
-    qkv = qkv.reshape(n_seq, length, 3, heads, d_head).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.reshape(3, n_seq * heads, length, d_head)  # each [M H, T, d_h]
     if bias is not None and bias.dim() > 2:  # one bias per sequence and head
         bias = bias.expand(*lead, heads, length, length).reshape(n_seq * heads, length, length)
-    mixed = _DropoutCore.apply(q, k, v, bias, p_drop)  # [M H, T, d_h]
+    h = h.reshape(n_seq, length, channels).contiguous()  # [M, T, C]
+    mixed = _DropoutAttention.apply(h, weight, b_qkv, bias, p_drop, heads)  # [M H, T, d_h]
     mixed = mixed.view(n_seq, heads, length, d_head).transpose(1, 2)
     return mixed.reshape(*lead, length, channels)

@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
@@ -253,12 +254,16 @@ class DiffusionGraphConv(nn.Module):
         The same function as ``self.mix(torch.cat([x, P_1 x, ..., P_S^K x], -1))`` followed by
         dropout, computed in an order that does less work. The mix is linear, so
         ``W_k (P^k x) = P^k (x W_k^T)``: the layer first multiplies ``x`` (laid out node-major,
-        ``[N B T, C]``) by each term's weights ``W_k`` (one GEMM per term, output
-        ``[N, B T D]``), then applies each support in Horner form,
+        ``[N B T, C]``) by each term's weights ``W_k``, the self term's included (one GEMM per
+        term, output ``[N, B T D]``; only this node-major copy of ``x`` is kept for the backward
+        pass), then applies each support in Horner form,
         ``Σ_k P^k Y_k = P (Y_1 + P (Y_2 + ... + P Y_K))``: ``K`` products with ``P`` per
         support and no power ``P^k`` built. The fixed supports are constants
         (:class:`_ConstantMatmul`: no gradient for them, nothing saved), sparse CSR on the
-        CPU; the adaptive support ``A`` is dense and differentiable.
+        CPU; the adaptive support ``A`` is dense and differentiable. In training on the CPU the
+        output dropout keeps a byte mask, drawn as ``F.dropout`` draws it (the same dropped
+        entries for the same seed), instead of ``F.dropout``'s float one. The result may be a
+        non-contiguous view (node-major memory).
         """
         if x.dim() != 4 or x.shape[-2] != self.n_nodes or x.shape[-1] != self.channels:
             raise ValueError(
@@ -268,12 +273,15 @@ class DiffusionGraphConv(nn.Module):
         b, t, n, c = x.shape
         k_hops = self.order
         weight = self.mix.weight.to(x.dtype)  # [D, (1 + S K) C]
+        bias = None if self.mix.bias is None else self.mix.bias.to(x.dtype)
         d = weight.shape[0]
         nodes_first = x.permute(2, 0, 1, 3).reshape(n * b * t, c)  # [N B T, C]
-        # Y_j = x W_j^T for every diffusion term j, each [N, B T D]
+        # Y_j = x W_j^T for every term j (j = 0: the self term, with the bias), each [N, B T D]
         terms = [
-            (nodes_first @ weight[:, c * (j + 1) : c * (j + 2)].T).view(n, b * t * d)
-            for j in range((weight.shape[1] // c) - 1)
+            F.linear(nodes_first, weight[:, c * j : c * (j + 1)], bias if j == 0 else None).view(
+                n, b * t * d
+            )
+            for j in range(weight.shape[1] // c)
         ]
 
         def horner(first: int, apply) -> torch.Tensor:
@@ -283,17 +291,23 @@ class DiffusionGraphConv(nn.Module):
                 acc = terms[first + k] + apply(acc)
             return apply(acc)
 
-        spatial = None
+        out = terms[0]
         for i, (p, p_t) in enumerate(self._operators(x.device, x.dtype)):
-            part = horner(i * k_hops, lambda y, p=p, p_t=p_t: _ConstantMatmul.apply(y, p, p_t))
-            spatial = part if spatial is None else spatial + part
+            part = horner(1 + i * k_hops, lambda y, p=p, p_t=p_t: _ConstantMatmul.apply(y, p, p_t))
+            out = out + part
         if self.adaptive:
             a = adaptive_adjacency(self.e1, self.e2).to(x.dtype)
-            part = horner(self.n_fixed * k_hops, lambda y: a @ y)
-            spatial = part if spatial is None else spatial + part
-        spatial = spatial.view(n, b, t, d).permute(1, 2, 0, 3)  # [B, T, N, D]
-        bias = None if self.mix.bias is None else self.mix.bias.to(x.dtype)
-        return self.dropout(torch.nn.functional.linear(x, weight[:, :c], bias) + spatial)
+            out = out + horner(1 + self.n_fixed * k_hops, lambda y: a @ y)
+        out = out.view(n, b, t, d).permute(1, 2, 0, 3)  # [B, T, N, D], node-major in memory
+        p_drop = self.dropout.p
+        if not self.training or p_drop == 0.0:
+            return out
+        if out.device.type != "cpu":
+            return self.dropout(out.contiguous())  # the fused kernel, drawn over [B, T, N, D]
+        # F.dropout's draws over a contiguous [B, T, N, D] tensor, kept as bytes
+        keep = torch.empty((b, t, n, d), dtype=torch.bool, device=out.device)
+        keep.bernoulli_(1.0 - p_drop)
+        return (out * keep).mul_(1.0 / (1.0 - p_drop))
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, nodes={self.n_nodes}, fixed_supports={self.n_fixed}, order={self.order}, adaptive={self.adaptive}"

@@ -57,13 +57,15 @@ PAPER_SHAPE = Shape()
 
 
 def linear_coefficient(shape: Shape = PAPER_SHAPE, *, sparse: bool = False) -> int:
-    """How many ``N T C`` tensors one block keeps per sample (see :func:`activation_bytes`).
+    """How many ``N T C`` float tensors one block keeps per sample (see :func:`activation_bytes`).
 
-    ``10 + a`` for the dense layer (``a = K`` with a learned graph, else 0; 12 for the paper's
-    model); ``9 + S K + a`` for the sparse layer, which keeps its ``S K`` diffusion terms.
+    ``5 + a`` for the dense layer (``a = K`` with a learned graph, else 0; 7 for the paper's
+    model), which also keeps a one-byte dropout flag per ``N T C`` entry (counted by
+    :func:`activation_bytes`); ``6 + S K + a`` for the sparse layer, which keeps its ``S K``
+    diffusion terms, its input for the self term and a float dropout mask.
     """
     learned = shape.order * int(shape.adaptive)
-    return 9 + shape.supports * shape.order + learned if sparse else 10 + learned
+    return 6 + shape.supports * shape.order + learned if sparse else 5 + learned
 
 
 def activation_bytes(
@@ -77,17 +79,21 @@ def activation_bytes(
 ) -> float:
     """Activations kept for the backward pass of a CPU training step, in bytes (formula; float32 by default).
 
-    Per block and sample: ``linear_coefficient`` ``N T C`` numbers (the attention's input,
-    ``q, k, v`` and merged heads, the graph layer's node-major input, the residual sums and
-    dropout masks, and the ``K`` inputs of the learned graph's products: 12 for the paper's
-    model), ``4 N T`` for the two LayerNorms' means and inverse deviations, and ``N H T^2``
-    attention weights plus as many one-byte keep flags of the dropout mask (the O(T^2) part).
-    Per block and batch: the three projection weights concatenated, ``3 C^2``, and with the
-    learned adjacency ``2 N^2`` (it and its softmax). Read-out: ``N T (C + 4)`` per sample.
+    Per block and sample: ``linear_coefficient`` ``N T C`` numbers (the attention's input, the
+    input of its output projection and its residual sum; the graph layer's node-major input,
+    the block's residual sum and the ``K`` inputs of the learned graph's products: 7 for the
+    paper's model; ``q, k, v`` are recomputed in the backward pass, not kept) plus, for the
+    dense layer, ``N T C`` one-byte flags of the graph layer's output dropout; ``4 N T`` for
+    the two LayerNorms' means and inverse deviations; and ``N H T^2`` attention weights plus as
+    many one-byte keep flags of the dropout mask (the O(T^2) part). Per block and batch: the
+    three projection weights concatenated, ``3 C^2``, and with the learned adjacency ``2 N^2``
+    (it and its softmax). Read-out: ``N T (C + 4)`` per sample.
     """
     c, h, layers = shape.d_model, shape.n_heads, shape.depth
     linear = linear_coefficient(shape, sparse=sparse)
     per_sample = bytes_per * layers * (linear * n_nodes * t * c + 4 * n_nodes * t)
+    if not sparse:
+        per_sample += layers * n_nodes * t * c  # the graph layer's one-byte dropout flags
     per_sample += (bytes_per + 1) * layers * n_nodes * h * t * t
     per_sample += bytes_per * n_nodes * t * (c + 4)
     graph = 3 * c * c + (2 * n_nodes**2 if shape.adaptive else 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diagsink._packing import _DropoutCore
+from diagsink._packing import _DropoutAttention
 from diagsink.attention import TemporalAttention, bias_from_diagonal
 
 
@@ -59,23 +59,54 @@ def test_outputs_and_gradients_equal_the_explicit_formula(diag, shared, norm):
 
 def test_core_gradcheck_with_a_masked_diagonal():
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(4, 6, 3, dtype=torch.float64, generator=g) for _ in range(3))
+    h = torch.randn(4, 6, 6, dtype=torch.float64, generator=g)  # M = 4 sequences, C = 6
+    weight = torch.randn(18, 6, dtype=torch.float64, generator=g)
+    b_qkv = torch.randn(18, dtype=torch.float64, generator=g)
     bias = torch.zeros(6, 6, dtype=torch.float64).fill_diagonal_(float("-inf"))
 
-    def core(q, k, v):
+    def core(h, weight, b_qkv):
         torch.manual_seed(5)  # the same keep mask in every evaluation
-        return _DropoutCore.apply(q, k, v, bias, 0.3)
+        return _DropoutAttention.apply(h, weight, b_qkv, bias, 0.3, 2)
 
-    inputs = tuple(t.requires_grad_() for t in (q, k, v))
+    inputs = tuple(t.requires_grad_() for t in (h, weight, b_qkv))
     assert torch.autograd.gradcheck(core, inputs)
+
+
+def test_backward_keeps_the_input_not_q_k_v():
+    """Saved: the projection's input ``h``, the weights ``α`` and a byte mask; ``q, k, v`` are
+    recomputed in the backward pass (the straightforward path keeps them: 3 more copies of ``h``)."""
+    torch.manual_seed(0)
+    c, t = 16, 12
+    layer = TemporalAttention(c, 4, dropout=0.1).train()
+    x = torch.randn(3, 50, t, c, requires_grad=True)
+    saved: dict[int, torch.Tensor] = {}
+
+    def pack(z: torch.Tensor) -> torch.Tensor:
+        saved[z.untyped_storage().data_ptr()] = z
+        return z
+
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    for f in (layer, lambda z: explicit(layer, z)):
+        saved.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda z: z):
+            f(x)
+        nbytes = [z.untyped_storage().nbytes() for ptr, z in saved.items() if ptr not in params]
+        units = sum(nbytes) / (x.numel() * x.element_size())
+        if f is layer:
+            fast_units = units
+    # fast: at most h, the LayerNorm input and W_O's input (3 copies of x), α (H T / C = 3 copies
+    # of x here) and its byte mask (0.75), and the LayerNorm statistics
+    assert fast_units < 7.0, fast_units
+    assert units > fast_units + 2.5, (units, fast_units)  # the explicit path keeps q, k, v too
 
 
 def test_dropped_share_matches_the_rate():
     torch.manual_seed(0)
     n = 200_000
-    q = torch.zeros(n, 4, 1)  # uniform weights 1/4: a dropped entry is one output term lost
-    v = torch.ones(n, 4, 1)
-    out = _DropoutCore.apply(q, q.clone(), v, None, 0.2)  # = (kept keys / 4) / 0.8
+    # q = k = 0 (uniform weights 1/4: a dropped entry is one output term lost), v = 1
+    h = torch.ones(n, 4, 1)
+    weight, b_qkv = torch.zeros(3, 1), torch.tensor([0.0, 0.0, 1.0])
+    out = _DropoutAttention.apply(h, weight, b_qkv, None, 0.2, 1)  # = (kept keys / 4) / 0.8
     kept = out.flatten() * 0.8 * 4
     share = 1 - kept.mean().item() / 4
     # 4 n Bernoulli draws: standard error sqrt(0.2 * 0.8 / (4 n)) < 5e-4; 5 of them

@@ -58,7 +58,8 @@ class Straightforward(nn.Module):
 
 
 def _grads(layer: nn.Module, x: torch.Tensor, out: torch.Tensor) -> list[torch.Tensor]:
-    weights = torch.randn_like(out, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1)  # drawn in logical order: out may be a strided view
+    weights = torch.randn(out.shape, dtype=out.dtype, generator=g)
     params = [p for p in layer.parameters()]
     return list(torch.autograd.grad((out * weights).sum(), [x, *params]))
 
@@ -97,33 +98,64 @@ def test_cpu_operators_are_csr_constants_rebuilt_per_dtype():
     assert not any(b.requires_grad for b in layer.buffers())
 
 
-def test_backward_keeps_only_the_node_major_input_not_the_diffusion_terms():
-    """What autograd saves: about one copy of ``x`` per product with it, not the ``S K`` terms.
-
-    The straightforward formula keeps every term ``P^k x`` (and their concatenation) for the
-    backward pass of the mix; here the weights come first and the products with the
-    constant supports save nothing, so the saved bytes stay within 3 copies of ``x`` (the
-    node-major copy for the term GEMMs, ``x`` for the self term, and the weights).
-    """
-    n, c = 13, 8
-    layer = DiffusionGraphConv(c, _random_supports(n), order=3).train()  # 6 diffusion terms
-    x = torch.randn(4, 5, n, c, requires_grad=True)
-    saved: list[torch.Tensor] = []
+def _saved_bytes(f, x: torch.Tensor, skip: set[int] = frozenset()) -> int:
+    """Bytes of the tensors autograd saves in ``f(x)``, each storage once (``skip``: storages not counted)."""
+    saved: dict[int, torch.Tensor] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        saved.append(t)
+        if t.layout == torch.strided and t.untyped_storage().data_ptr() not in skip:
+            saved[t.untyped_storage().data_ptr()] = t
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x)
-    unique = {t.data_ptr(): t for t in saved if t.layout == torch.strided}
-    saved_bytes = sum(t.numel() * t.element_size() for t in unique.values())
-    assert saved_bytes <= 3 * x.numel() * x.element_size(), saved_bytes / (x.numel() * 4)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        saved.clear()
-        straightforward(layer, x)
-    ref_bytes = sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in saved}.values())
-    assert ref_bytes > 2 * saved_bytes  # the check can tell the two apart
+        f(x)
+    return sum(t.untyped_storage().nbytes() for t in saved.values())
+
+
+def test_backward_keeps_only_the_node_major_input_not_the_diffusion_terms():
+    """What autograd saves: one node-major copy of ``x`` for all the term GEMMs, not the terms.
+
+    The straightforward formula keeps every term ``P^k x`` (and their concatenation) for the
+    backward pass of the mix; here the weights come first, the self term's included, and the
+    products with the constant supports save nothing, so the layer keeps one copy of ``x``
+    (the parameters are not counted). With output dropout in training on the CPU it adds a
+    byte per output entry (``F.dropout`` would keep a float).
+    """
+    n, c = 13, 8
+    layer = DiffusionGraphConv(c, _random_supports(n), order=3).train()  # 6 diffusion terms
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    x = torch.randn(4, 5, n, c, requires_grad=True).transpose(1, 2).contiguous().transpose(1, 2)
+    x_bytes = x.numel() * x.element_size()
+    assert _saved_bytes(layer, x, params) == x_bytes  # the node-major copy, nothing else
+    ref_bytes = _saved_bytes(lambda z: straightforward(layer, z), x, params)
+    assert ref_bytes > 4 * x_bytes  # the check can tell the two apart
+    layer.dropout.p = 0.3
+    assert _saved_bytes(layer, x, params) == x_bytes + x.numel()  # + a one-byte keep mask
+    # the learned adjacency's K products keep their inputs (K copies) and A, relu(E_1 E_2^T)
+    adaptive = DiffusionGraphConv(c, _random_supports(n), order=3, adaptive=True).train()
+    params = {p.untyped_storage().data_ptr() for p in adaptive.parameters()}
+    assert _saved_bytes(adaptive, x, params) <= 4 * x_bytes + 2 * n * n * 4
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_training_dropout_draws_outputs_and_gradients_equal_the_formula(adaptive):
+    """In training (output dropout 0.3, float64) the same seed drops the same entries as
+    ``nn.Dropout`` in the straightforward formula, and outputs and gradients agree."""
+    torch.manual_seed(0)
+    n = 9
+    layer = DiffusionGraphConv(6, _random_supports(n), order=2, adaptive=adaptive, dropout=0.3)
+    layer = layer.double().train()
+    x = torch.randn(2, n, 5, 6, dtype=torch.float64).transpose(1, 2).requires_grad_()
+    results = []
+    for f in (layer, lambda z: straightforward(layer, z)):
+        torch.manual_seed(7)
+        out = f(x)
+        results.append((out, _grads(layer, x, out)))
+    (fast, g_fast), (ref, g_ref) = results
+    assert torch.equal(fast == 0, ref == 0) and (ref == 0).double().mean() > 0.2
+    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
+    for a, b in zip(g_fast, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 def test_transposed_input_and_training_dropout_match():

@@ -23,6 +23,8 @@ from diagsink.engine.train import lr_at, predict, train_model, train_run
 from diagsink.errors import ConfigError
 from diagsink.metrics import masked_mae
 
+from conftest import ROOT
+
 TINY = {
     "model.d_model": 8,
     "model.n_heads": 2,
@@ -326,3 +328,21 @@ def test_missing_inputs_enter_as_a_reading_or_as_the_mean():
     assert config_hash(override(cfg, {"data.missing_inputs": "as_reading"})) == config_hash(cfg)
     with pytest.raises(ConfigError, match="missing_inputs.*as_reading, mean"):
         override(cfg, {"data.missing_inputs": "zero"})
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_cpu_runs_return_freed_memory_with_huge_pages():
+    """``release_freed_memory_to_os`` fixes glibc's threshold and turns on PyTorch's THP switch
+    (read once, at the first large allocation, so it runs before the data's tensors)."""
+    code = textwrap.dedent(
+        """
+        import os
+        os.environ.pop("THP_MEM_ALLOC_ENABLE", None)
+        from diagsink.engine.provenance import release_freed_memory_to_os
+        assert release_freed_memory_to_os()
+        assert os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]

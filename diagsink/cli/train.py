@@ -45,7 +45,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--low-memory",
         action="store_true",
-        help="activation checkpointing + freed memory returned to the OS: same results, several times less memory, ~1/5 more compute",
+        help="activation checkpointing: same results, less memory, ~1/5 more compute",
     )
 
 

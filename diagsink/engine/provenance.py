@@ -86,12 +86,19 @@ def release_freed_memory_to_os() -> bool:
     glibc raises its mmap threshold dynamically (up to 32 MiB), after which the many
     activation-sized blocks of a training step are served from the heap and kept after being
     freed, so the resident memory of a CPU run grows far beyond what is alive at any moment
-    (for the paper model at batch 32: 4.7 GiB instead of 1.3 GiB with ``low_memory``; see
-    ``benchmarks/training.py``). Fixing the threshold (``mallopt(M_MMAP_THRESHOLD)``, the same
-    as ``MALLOC_MMAP_THRESHOLD_=131072``) stops that. Returns whether it could be set.
+    (``benchmarks/training.py`` measures the peak of the paper model with and without it).
+    Fixing the threshold (``mallopt(M_MMAP_THRESHOLD)``, the same as
+    ``MALLOC_MMAP_THRESHOLD_=131072``) stops that. Every large block is then a fresh mapping
+    whose pages fault in one by one, 4 KiB at a time, which makes a CPU training step markedly
+    slower; so it also turns on PyTorch's transparent huge pages for CPU tensors of 2 MiB and more
+    (``THP_MEM_ALLOC_ENABLE=1``, faults per 2 MiB instead of 4 KiB). PyTorch reads that
+    variable once, at the process's first such allocation: call this before creating large
+    tensors (:func:`diagsink.engine.train.train_run` calls it before preparing the data, for
+    every CPU run). Returns whether the threshold could be set.
     """
     if not sys.platform.startswith("linux"):
         return False
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3

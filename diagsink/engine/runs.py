@@ -27,6 +27,7 @@ from ..runtime import resolve_device
 from ..variants import VARIANTS, check_variant
 from .artifacts import ArtifactError, load_artifact
 from .config import config_hash, load_config
+from .provenance import release_freed_memory_to_os
 
 __all__ = [
     "run_name",
@@ -206,6 +207,8 @@ def reproduce(
     if isinstance(cfg, str):
         cfg = load_config(cfg)
     device_t = resolve_device(device)
+    if device_t.type == "cpu":  # before the shared data's tensors (see train_run)
+        release_freed_memory_to_os()
     prepared = None
     done: list[Path] = []
     for seed in range(seeds):
