@@ -1,23 +1,16 @@
 """A task where copying the present is tempting and wrong: its models, trainer and measurements.
 
-The tasks themselves (:class:`ParrotTask`, a noisy periodic series whose answer lies
-``lag = P − 1`` steps back; :class:`SeasonalTask`, vector-valued steps that repeat one
-season back) are generated in :mod:`diagsink.parrot_tasks` and re-exported here, so the
-chapter needs this module only.
+The tasks (:class:`ParrotTask`, a noisy periodic series whose answer lies ``lag = P − 1`` steps
+back; :class:`SeasonalTask`, vector-valued steps that repeat one season back) live in
+:mod:`diagsink.parrot_tasks` and are re-exported here. The model, :class:`ParrotNet`, is one
+:class:`~diagsink.attention.TemporalAttention` layer (one head, sinusoidal positions) between an
+input map ``1 → C`` and an output map ``C → 1``: linear, or with ``embedding="fourier"`` fixed
+random Fourier features of the value (:class:`FourierFeatures`), so that "attend to the steps that
+look like me" can single out the step itself. :class:`VectorParrotNet` is the same layer with ``D``
+inputs and outputs for :class:`SeasonalTask`; :func:`train_task` and :func:`evaluate` take either.
 
-The model is one :class:`~diagsink.attention.TemporalAttention` layer (one head,
-sinusoidal positional encoding) between an input map ``1 → C`` and a linear output map
-``C → 1``; where to look must be learnt from the positional encoding. The input map is
-linear by default; ``embedding="fourier"`` uses fixed random Fourier features of the
-value instead (:class:`FourierFeatures`), so that two steps with nearly equal values
-get nearly equal vectors and "attend to the steps that look like me" can single out
-the step itself -- the design the chapter uses to look for an attention-weight sink.
-:class:`VectorParrotNet` is the same one-layer model with ``D`` inputs and outputs for
-:class:`SeasonalTask`; :func:`train_task` and :func:`evaluate` accept either task.
-
-Explained in the chapter "A task where parroting fails" (``book/parroting.ipynb``).
-Shapes: inputs ``[batch, T, 1]``, forecasts and targets ``[batch, T]``, attention
-``[batch, H, T, T]``.
+Explained in the chapter "A task where parroting fails" (``book/parroting.ipynb``). Shapes: inputs
+``[batch, T, 1]``, forecasts and targets ``[batch, T]``, attention ``[batch, H, T, T]``.
 """
 
 from __future__ import annotations
