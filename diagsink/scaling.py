@@ -20,6 +20,7 @@ embedding width ``e``, non-zeros ``nnz`` of the fixed supports (sparse path).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -125,24 +126,28 @@ def forward_flops(
     return float(batch * (layers * block + head) + layers * per_batch)
 
 
-def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
+def saved_activation_bytes(
+    model: torch.nn.Module, x: torch.Tensor, forward: Callable | None = None
+) -> int:
     """Bytes of the tensors one forward pass of ``model(x)`` saves for backward (measured).
 
-    Each storage is counted once; parameters and buffers (which exist anyway) are not counted.
+    Each storage is counted once; parameters and buffers (which exist anyway) are not counted,
+    nor are sparse tensors (the graph's constants). ``forward``: run ``forward(x)`` instead of
+    ``model(x)``, e.g. a straightforward formula computed with ``model``'s weights.
     """
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    skip |= {b.untyped_storage().data_ptr() for b in model.buffers() if not b.is_sparse}
+    skip |= {b.untyped_storage().data_ptr() for b in model.buffers() if b.layout == torch.strided}
     seen: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if not tensor.is_sparse:
+        if tensor.layout == torch.strided:
             storage = tensor.untyped_storage()
             if storage.data_ptr() not in skip:
                 seen.setdefault(storage.data_ptr(), storage.nbytes())
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(x)
+        (model if forward is None else forward)(x)
     return sum(seen.values())
 
 

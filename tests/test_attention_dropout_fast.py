@@ -15,6 +15,7 @@ import torch
 
 from diagsink._packing import _DropoutAttention
 from diagsink.attention import TemporalAttention, bias_from_diagonal
+from diagsink.scaling import saved_activation_bytes
 
 
 def explicit(layer: TemporalAttention, x: torch.Tensor) -> torch.Tensor:
@@ -79,21 +80,9 @@ def test_backward_keeps_the_input_not_q_k_v():
     c, t = 16, 12
     layer = TemporalAttention(c, 4, dropout=0.1).train()
     x = torch.randn(3, 50, t, c, requires_grad=True)
-    saved: dict[int, torch.Tensor] = {}
-
-    def pack(z: torch.Tensor) -> torch.Tensor:
-        saved[z.untyped_storage().data_ptr()] = z
-        return z
-
-    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    for f in (layer, lambda z: explicit(layer, z)):
-        saved.clear()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda z: z):
-            f(x)
-        nbytes = [z.untyped_storage().nbytes() for ptr, z in saved.items() if ptr not in params]
-        units = sum(nbytes) / (x.numel() * x.element_size())
-        if f is layer:
-            fast_units = units
+    x_bytes = x.numel() * x.element_size()
+    fast_units = saved_activation_bytes(layer, x) / x_bytes
+    units = saved_activation_bytes(layer, x, lambda z: explicit(layer, z)) / x_bytes
     # fast: at most h, the LayerNorm input and W_O's input (3 copies of x), α (H T / C = 3 copies
     # of x here) and its byte mask (0.75), and the LayerNorm statistics
     assert fast_units < 7.0, fast_units

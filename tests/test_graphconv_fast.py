@@ -19,6 +19,7 @@ from torch import nn
 
 from diagsink.graphconv import DiffusionGraphConv, adaptive_adjacency
 from diagsink.model import TSModel
+from diagsink.scaling import saved_activation_bytes
 from diagsink.sparse import SparseDiffusionGraphConv
 
 from conftest import ROOT
@@ -98,20 +99,6 @@ def test_cpu_operators_are_csr_constants_rebuilt_per_dtype():
     assert not any(b.requires_grad for b in layer.buffers())
 
 
-def _saved_bytes(f, x: torch.Tensor, skip: set[int] = frozenset()) -> int:
-    """Bytes of the tensors autograd saves in ``f(x)``, each storage once (``skip``: storages not counted)."""
-    saved: dict[int, torch.Tensor] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.layout == torch.strided and t.untyped_storage().data_ptr() not in skip:
-            saved[t.untyped_storage().data_ptr()] = t
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        f(x)
-    return sum(t.untyped_storage().nbytes() for t in saved.values())
-
-
 def test_backward_keeps_only_the_node_major_input_not_the_diffusion_terms():
     """What autograd saves: one node-major copy of ``x`` for all the term GEMMs, not the terms.
 
@@ -123,18 +110,16 @@ def test_backward_keeps_only_the_node_major_input_not_the_diffusion_terms():
     """
     n, c = 13, 8
     layer = DiffusionGraphConv(c, _random_supports(n), order=3).train()  # 6 diffusion terms
-    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
     x = torch.randn(4, 5, n, c, requires_grad=True).transpose(1, 2).contiguous().transpose(1, 2)
     x_bytes = x.numel() * x.element_size()
-    assert _saved_bytes(layer, x, params) == x_bytes  # the node-major copy, nothing else
-    ref_bytes = _saved_bytes(lambda z: straightforward(layer, z), x, params)
+    assert saved_activation_bytes(layer, x) == x_bytes  # the node-major copy, nothing else
+    ref_bytes = saved_activation_bytes(layer, x, lambda z: straightforward(layer, z))
     assert ref_bytes > 4 * x_bytes  # the check can tell the two apart
     layer.dropout.p = 0.3
-    assert _saved_bytes(layer, x, params) == x_bytes + x.numel()  # + a one-byte keep mask
+    assert saved_activation_bytes(layer, x) == x_bytes + x.numel()  # + a one-byte keep mask
     # the learned adjacency's K products keep their inputs (K copies) and A, relu(E_1 E_2^T)
     adaptive = DiffusionGraphConv(c, _random_supports(n), order=3, adaptive=True).train()
-    params = {p.untyped_storage().data_ptr() for p in adaptive.parameters()}
-    assert _saved_bytes(adaptive, x, params) <= 4 * x_bytes + 2 * n * n * 4
+    assert saved_activation_bytes(adaptive, x) <= 4 * x_bytes + 2 * n * n * 4
 
 
 @pytest.mark.parametrize("adaptive", [True, False])
