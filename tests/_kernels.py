@@ -8,12 +8,11 @@ Address already in use" and the test fails for a reason that has nothing to do w
 (it happened in CI at e492b80). Over IPC a kernel's sockets are files in a fresh private
 folder, so no two kernels can collide.
 
-Three ways in, one per stage that starts kernels:
-- ``tests/test_course.py`` gives ``NotebookClient`` ``kernel_manager_class=IpcAsyncKernelManager``;
-- the nbval stage loads this module as a pytest plugin (``-p tests._kernels``);
+Two ways in, both calling :func:`install`, which makes nbval's and nbclient's default kernel
+managers the IPC ones below (nothing else about the kernels changes):
+- the pytest stages that start kernels (tests/test_course.py, whose chapter editions and grader
+  run notebooks, and nbval) load this module as a plugin: ``-p tests._kernels``;
 - the book build runs as ``python -m tests._kernels jupyter-book build ...``.
-The plugin and the runner call :func:`install`, which makes nbval's and nbclient's default
-kernel managers the IPC ones below; nothing else about the kernels changes.
 """
 
 from __future__ import annotations

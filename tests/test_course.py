@@ -14,7 +14,6 @@ import json
 import os
 from pathlib import Path
 
-import _kernels  # tests/_kernels.py: Jupyter kernels over IPC (no TCP port race between stages)
 import nbformat
 import pytest
 import torch
@@ -358,7 +357,6 @@ def _run_both_editions(student_path: Path, instructor_path: Path, cwd: Path) -> 
     combined.cells = instructor.cells[:p] + student.cells[p:] + instructor.cells[p:]
     NotebookClient(
         combined,
-        kernel_manager_class=_kernels.IpcAsyncKernelManager,  # no TCP port race between stages
         timeout=600,
         kernel_name="python3",
         allow_errors=True,
@@ -461,7 +459,6 @@ def test_exported_chapter_executes(path: Path, tmp_path: Path):
     run.cells = [nbformat.v4.new_code_cell(_import_prelude(source.cells[:first])), *tail]
     NotebookClient(
         run,
-        kernel_manager_class=_kernels.IpcAsyncKernelManager,  # no TCP port race between stages
         timeout=600,
         kernel_name="python3",
         allow_errors=True,
