@@ -23,13 +23,15 @@ import sys
 import tempfile
 
 from jupyter_client.manager import AsyncKernelManager, KernelManager
-from traitlets import CaselessStrEnum, default
+from traitlets import default
 
 
 class IpcKernelManager(KernelManager):
     """A blocking kernel manager over IPC (what nbval uses): sockets ``<fresh folder>/kernel-<n>``."""
 
-    transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+    @default("transport")
+    def _transport_default(self) -> str:
+        return "ipc"
 
     @default("ip")
     def _ip_default(self) -> str:
