@@ -41,6 +41,7 @@ from .attention import TemporalAttention
 from .errors import ConfigError
 from .graphconv import DiffusionGraphConv
 from .positional import PositionalEncoding
+from .released import ReleasedGCN
 from .variants import attention_kwargs
 
 __all__ = ["BLOCK_ORDERS", "check_block_order", "TSBlock", "TSModel"]
@@ -75,6 +76,9 @@ class TSBlock(nn.Module):
         supports, order, adaptive, n_nodes, embed_dim: of :class:`DiffusionGraphConv`.
         attention_kwargs: the variant's arguments (:func:`diagsink.variants.attention_kwargs`).
         block_order: ``"ts"`` (default, the paper's) or ``"st"`` (:data:`BLOCK_ORDERS`).
+        graph_layer: ``"diffusion"`` (this book's :class:`DiffusionGraphConv`, default) or
+            ``"released"`` (the paper's released layer, :class:`diagsink.released.ReleasedGCN`:
+            two learned supports of which only the diagonals are read, so no sensor mixing).
 
     Shapes:
         ``x``, ``tod``: ``[B, T, N, C]`` -> ``[B, T, N, C]``; attention ``[B, N, H, T, T]``.
@@ -93,21 +97,31 @@ class TSBlock(nn.Module):
         dropout: float = 0.0,
         attention_kwargs: dict[str, Any] | None = None,
         block_order: str = "ts",
+        graph_layer: str = "diffusion",
     ) -> None:
         super().__init__()
         self.block_order = check_block_order(block_order)
         self.attn = TemporalAttention(
             d_model, n_heads, dropout=dropout, norm="post", **(attention_kwargs or {})
         )
-        self.gconv = DiffusionGraphConv(
-            d_model,
-            supports,
-            order=order,
-            adaptive=adaptive,
-            n_nodes=n_nodes,
-            embed_dim=embed_dim,
-            dropout=dropout,
-        )
+        if graph_layer == "released":  # the paper's released layer: no mixing of sensors
+            self.gconv = ReleasedGCN(
+                d_model, supports[0].shape[0], order=order, embed_dim=embed_dim, dropout=dropout
+            )
+        elif graph_layer == "diffusion":
+            self.gconv = DiffusionGraphConv(
+                d_model,
+                supports,
+                order=order,
+                adaptive=adaptive,
+                n_nodes=n_nodes,
+                embed_dim=embed_dim,
+                dropout=dropout,
+            )
+        else:
+            raise ConfigError(
+                f"model.graph_layer = {graph_layer!r} is not known; choose 'diffusion' or 'released'."
+            )
         self.norm = nn.LayerNorm(d_model)
 
     def forward(
@@ -141,6 +155,8 @@ class TSModel(nn.Module):
         diag_p, diag_penalty: the regularizers' constants.
         block_order: ``"ts"`` (temporal attention then graph conv in every block, the paper's)
             or ``"st"`` (graph conv then temporal attention); config key ``model.block_order``.
+        graph_layer: ``"diffusion"`` or ``"released"`` (:class:`TSBlock`); config key
+            ``model.graph_layer``.
         speed_mean, speed_std: the scaler; the output is ``head * std + mean`` (mph).
         checkpoint_blocks: activation checkpointing in training: each block's activations are
             recomputed in the backward pass instead of stored (about one extra forward pass of
@@ -173,6 +189,7 @@ class TSModel(nn.Module):
         speed_std: float = 1.0,
         checkpoint_blocks: bool = False,
         block_order: str = "ts",
+        graph_layer: str = "diffusion",
     ) -> None:
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
@@ -204,6 +221,7 @@ class TSModel(nn.Module):
                 dropout=dropout,
                 attention_kwargs=kwargs,
                 block_order=block_order,
+                graph_layer=graph_layer,
             )
             for _ in range(depth)
         )
@@ -220,6 +238,11 @@ class TSModel(nn.Module):
             raise ValueError(
                 f"x has shape {tuple(x.shape)}; TSModel expects [batch, T_in={self.t_in}, nodes={self.n_nodes}, 2] "
                 "holding (scaled speed, time of day)."
+            )
+        if x.dtype != self.speed_embed.weight.dtype:
+            raise ValueError(
+                f"x has dtype {x.dtype} but the model's parameters are {self.speed_embed.weight.dtype}; "
+                f"pass x.to({self.speed_embed.weight.dtype}) (or convert the model with model.to(x.dtype))."
             )
         speed, tod_raw = x[..., :1], x[..., 1:]
         # tAPE is a [T, C] table over time: apply it with time on the second-to-last axis.

@@ -142,7 +142,8 @@ def test_only_the_speed_file_missing(tmp_path):
     root = make_folder(tmp_path / "d")
     (root / "metr-la.h5").unlink()
     with pytest.raises(
-        DataError, match=r"missing in .*: metr-la.h5 or metr-la_first1026steps.h5\."
+        DataError,
+        match=r"missing in .*: metr-la.h5 or metr-la_first1026steps.h5 or metr-la_29sensors_allsteps.h5\.",
     ):
         D.load_metr_la(root, download=False)
 
@@ -154,8 +155,10 @@ def test_slice_name_is_accepted(tmp_path):
 
 
 def test_wrong_columns(tmp_path):
-    with pytest.raises(DataError, match="not the sensor ids.*another order.*Fix"):
+    with pytest.raises(DataError, match="not in graph_sensor_ids.txt order.*Fix: reorder"):
         D.load_metr_la(make_folder(tmp_path / "a", columns=IDS[::-1]))
+    with pytest.raises(DataError, match="repeat an id.*Fix"):
+        D.sensor_positions(["101", "101"], IDS)
     with pytest.raises(DataError, match="unknown ids.*Fix"):
         D.load_metr_la(make_folder(tmp_path / "b", columns=IDS[:4] + ["999"]))
 
@@ -166,12 +169,42 @@ def test_index_gap(tmp_path):
         D.load_metr_la(make_folder(tmp_path / "d", index=index))
 
 
+def test_a_sensor_subset_loads_with_its_part_of_the_graph(tmp_path):
+    """Columns that are a subset of the ids (in their order) load; the graph is cut by id."""
+    keep = ["101", "102", "104"]
+    speed = np.random.default_rng(1).uniform(20, 70, size=(40, 3))
+    m = D.load_metr_la(make_folder(tmp_path / "s", speed=speed, columns=keep))
+    assert m.sensor_ids == keep and m.n_nodes == 3 and m.n_sensors_total == 5
+    assert m.adjacency.shape == (3, 3) and m.adjacency[0, 1] == 0.5  # 101 -> 102 kept
+    assert list(m.locations["sensor_id"].astype(str)) == keep
+    assert not m.is_full and "3 of 5 sensors, first 40 of 34272 steps" in m.describe()
+
+
+def test_the_29_sensor_file_keeps_its_edges():
+    root = Path(os.environ.get("DIAGSINK_DATA", ""))
+    if not (root / "metr-la_29sensors_allsteps.h5").is_file():
+        pytest.fail(
+            f"metr-la_29sensors_allsteps.h5 is not in {root}: point DIAGSINK_DATA at the shared data"
+        )
+    m = D.load_metr_la(root, speed_file="metr-la_29sensors_allsteps.h5")
+    assert m.speed.shape == (34272, 29) and m.all_steps and not m.is_full
+    assert int((m.adjacency > 0).sum()) - 29 == 152  # the folder's README: 152 directed edges
+    assert "29 of 207 sensors, all 34272 steps" in m.describe()
+
+
+def test_a_numeric_index_is_refused(tmp_path):
+    with pytest.raises(DataError, match="not a timestamp index.*Fix"):
+        D.load_metr_la(make_folder(tmp_path / "d", index=np.arange(40)))
+
+
 @pytest.mark.parametrize(
     "bad, pattern",
     [
         (np.nan, "NaN or infinite.*fillna"),
         (np.inf, "NaN or infinite"),
         (-3.0, "negative speeds.*Fix"),
+        (1e30, "above 150 mph.*sensor 103.*Fix"),
+        (150.5, "above 150 mph"),
     ],
 )
 def test_nan_inf_and_negative_speeds(tmp_path, bad, pattern):
@@ -315,14 +348,12 @@ def test_package_exports():
         assert all(getattr(D, name) is getattr(module, name) for name in module.__all__)
 
 
-def test_table_format_falls_back_to_pandas_with_the_same_result(tmp_path):
+def test_table_format_reads_the_same_as_the_fixed_format(tmp_path):
     root = make_folder(tmp_path / "d")
     fixed = D.load_metr_la(root)
     frame = pd.read_hdf(root / "metr-la.h5", "df")
     (root / "metr-la.h5").unlink()
     frame.to_hdf(root / "metr-la.h5", key="df", format="table")
-    # not the fixed layout: pandas reads it
-    assert D.files._read_fixed_arrays(root / "metr-la.h5") is None
     table = D.load_metr_la(root)
     np.testing.assert_array_equal(table.speed, fixed.speed)
     assert (table.timestamps == fixed.timestamps).all() and table.speed.flags.writeable
@@ -334,7 +365,7 @@ def test_cli_info_and_verify_on_a_slice(tmp_path, capsys):
     root = make_folder(tmp_path / "d")
     assert main(["data", "info", "--root", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "metr-la.h5" in out and "PARTIAL: first 40 of 34272" in out
+    assert "metr-la.h5" in out and "PARTIAL: all 5 sensors, first 40 of 34272" in out
     assert main(["data", "verify", "--root", str(root)]) == 0
     assert "not comparable with published" in capsys.readouterr().out
     assert main(["data", "info", "--root", str(tmp_path / "none")]) == 2

@@ -164,3 +164,30 @@ def test_released_block_without_residual_and_with_a_mask():
         h = block.temp_norm(a.reshape(2, 5, 6, 8).transpose(1, 2) + block.temporal_bias(tod))
     assert torch.diagonal(w, dim1=-2, dim2=-1).eq(0).all()  # the mask removes the diagonal
     torch.testing.assert_close(y, block.space_norm(h + block.gcn(h) + block.spatial_bias(tod)))
+
+
+def test_the_released_graph_layer_switch_mixes_no_sensors():
+    """``model.graph_layer: released``: every block's graph layer is the released one, so a
+    sensor's forecast depends on its own inputs only; the book's diffusion layer mixes them."""
+    from diagsink.data.adjacency import diffusion_supports
+    from diagsink.model import TSModel
+    from diagsink.released import ReleasedGCN
+
+    adj = torch.eye(4) + torch.diag(torch.ones(3), 1)  # a chain 0 -> 1 -> 2 -> 3
+    supports = diffusion_supports(adj.numpy())
+    x = torch.randn(1, 12, 4, 2, dtype=torch.float64)
+    for layer, mixes in (("released", False), ("diffusion", True)):
+        torch.manual_seed(0)
+        model = (
+            TSModel(4, supports, d_model=8, n_heads=2, depth=2, graph_layer=layer).double().eval()
+        )
+        assert all(isinstance(b.gconv, ReleasedGCN) == (layer == "released") for b in model.blocks)
+
+        def first_sensor(z, net=model):
+            return net(z)[0, :, 0]
+
+        jac = torch.autograd.functional.jacobian(first_sensor, x)  # [12, 1, 12, 4, 2]
+        others = jac[..., 1:, :].abs().max().item()
+        assert (others > 1e-8) == mixes, (layer, others)
+    with pytest.raises(ConfigError, match="graph_layer.*diffusion.*released"):
+        TSModel(4, supports, d_model=8, n_heads=2, depth=1, graph_layer="gcn")

@@ -23,8 +23,6 @@ from diagsink.engine.train import lr_at, predict, train_model, train_run
 from diagsink.errors import ConfigError
 from diagsink.metrics import masked_mae
 
-from conftest import ROOT
-
 TINY = {
     "model.d_model": 8,
     "model.n_heads": 2,
@@ -51,7 +49,33 @@ def test_packaged_protocols_load_and_differ():
     for fair in ("slice", "book"):  # a fixed epoch budget, the same for every variant
         assert cfgs[fair]["train"]["time_limit_s"] is None
     assert cfgs["slice"]["train"]["patience"] < cfgs["slice"]["train"]["epochs"]
-    assert len({config_hash(c) for c in cfgs.values()}) == len(PROTOCOLS) == 4
+    assert len({config_hash(c) for c in cfgs.values()}) == len(PROTOCOLS) == 6
+    assert cfgs["paper"]["model"]["graph_layer"] == "released"  # the paper's model
+    for full in ("full29", "full29-released"):  # the schedule runs down: no early stop
+        t = cfgs[full]["train"]
+        assert t["patience"] >= t["epochs"] and t["min_lr"] < t["lr"] / 50
+        assert cfgs[full]["data"]["speed_file"] == "metr-la_29sensors_allsteps.h5"
+
+
+def test_epoch_parts_use_every_window_once_per_pass():
+    """``train.epoch_parts = k``: k consecutive epochs cover the training windows exactly once."""
+    from types import SimpleNamespace
+
+    from diagsink.engine.train import epoch_windows
+
+    prepared = SimpleNamespace(train=torch.arange(100, 201))  # 101 window starts
+    one = tiny()
+    three = override(one, {"train.epoch_parts": 3, "train.max_train_windows": None})
+    for p in range(2):  # two passes
+        seen = torch.cat([epoch_windows(prepared, three, 0, 3 * p + k) for k in range(3)])
+        assert sorted(seen.tolist()) == list(range(100, 201))
+    whole = override(one, {"train.max_train_windows": None})
+    assert sorted(epoch_windows(prepared, whole, 0, 4).tolist()) == list(range(100, 201))
+    # k = 1 draws exactly what the engine drew before the key existed (same generator seed)
+    g = torch.Generator().manual_seed(0 * 100_003 + 4)
+    assert torch.equal(
+        epoch_windows(prepared, whole, 0, 4), prepared.train[torch.randperm(101, generator=g)]
+    )
 
 
 def test_misspelt_key_names_key_and_allowed_ones(tmp_path):
@@ -328,21 +352,3 @@ def test_missing_inputs_enter_as_a_reading_or_as_the_mean():
     assert config_hash(override(cfg, {"data.missing_inputs": "as_reading"})) == config_hash(cfg)
     with pytest.raises(ConfigError, match="missing_inputs.*as_reading, mean"):
         override(cfg, {"data.missing_inputs": "zero"})
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
-def test_cpu_runs_return_freed_memory_with_huge_pages():
-    """``release_freed_memory_to_os`` fixes glibc's threshold and turns on PyTorch's THP switch
-    (read once, at the first large allocation, so it runs before the data's tensors)."""
-    code = textwrap.dedent(
-        """
-        import os
-        os.environ.pop("THP_MEM_ALLOC_ENABLE", None)
-        from diagsink.engine.provenance import release_freed_memory_to_os
-        assert release_freed_memory_to_os()
-        assert os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
-        """
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert run.returncode == 0, run.stderr[-2000:]

@@ -35,16 +35,20 @@ def _cmd_info(args) -> int:
                 f"  {name:32s} {path.stat().st_size:>12,d} bytes"
                 + (f"  sha256 {sha[:16]}... (manifest)" if sha else "")
             )
-    missing = missing_files(folder)
+    missing = missing_files(folder, args.file)
     if missing:
         raise DataError(missing_files_message(folder, missing))
-    print(load_metr_la(folder, download=False).describe())
+    names = [args.file] if args.file else [n for n in SPEED_FILES if (folder / n).is_file()]
+    for name in names:  # each speed file: which sensors and steps it holds
+        print(load_metr_la(folder, download=False, speed_file=name).describe())
     return 0
 
 
 def _cmd_verify(args) -> int:
     folder = resolve_root(args.root)
-    data = load_metr_la(folder, download=False)  # raises on any structural problem
+    data = load_metr_la(
+        folder, download=False, speed_file=args.file
+    )  # raises on any structural problem
     print(data.describe())
     recorded = read_manifest(folder).get("files", {}).get(data.path.name, {}).get("sha256")
     print(f"sha256 {data.sha256}")
@@ -80,6 +84,14 @@ def add_commands(subparsers) -> None:
             "--root",
             default=None,
             help="data folder (default: DIAGSINK_DATA, else ~/.cache/diagsink/metr-la)",
+        )
+    for p in (info, verify):
+        p.add_argument(
+            "--file",
+            default=None,
+            help="the speed file to read (e.g. metr-la_29sensors_allsteps.h5; default: every one "
+            "present for info, the first of metr-la.h5, metr-la_first1026steps.h5, "
+            "metr-la_29sensors_allsteps.h5 for verify)",
         )
     dl.add_argument("--force", action="store_true", help="download again even if the files exist")
     dl.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -30,23 +30,31 @@ __all__ = [
     "read_speed_arrays",
     "validate_speed_frame",
     "validate_speed",
+    "sensor_positions",
     "SPEED_FILES",
     "GRAPH_FILES",
     "FULL_STEPS",
     "FULL_START",
     "FULL_END",
     "N_SENSORS",
+    "MAX_SPEED",
     "STEP",
     "DOWNLOAD_HINT",
 ]
 
 #: Accepted file names of the speed matrix, in the order they are looked for.
-SPEED_FILES: tuple[str, ...] = ("metr-la.h5", "metr-la_first1026steps.h5")
+SPEED_FILES: tuple[str, ...] = (
+    "metr-la.h5",
+    "metr-la_first1026steps.h5",
+    "metr-la_29sensors_allsteps.h5",
+)
 #: The DCRNN graph files the loader needs (``adj_mx.npy`` may replace ``adj_mx.pkl``).
 GRAPH_FILES: tuple[str, ...] = ("graph_sensor_ids.txt", "graph_sensor_locations.csv", "adj_mx.pkl")
 #: Shape and time range of the full data set.
 FULL_STEPS = 34272
 N_SENSORS = 207
+#: Largest plausible speed (mph): a reading above it is a corrupt value, not traffic.
+MAX_SPEED = 150.0
 FULL_START = pd.Timestamp("2012-03-01 00:00:00")
 FULL_END = pd.Timestamp("2012-06-27 23:55:00")
 STEP = pd.Timedelta(minutes=5)
@@ -70,18 +78,19 @@ def resolve_root(root: str | Path | None = None) -> Path:
     return Path(root).expanduser() if root is not None else settings().data_root
 
 
-def find_speed_file(root: Path) -> Path | None:
-    """The first of :data:`SPEED_FILES` present in ``root``, or ``None``."""
-    for name in SPEED_FILES:
-        if (root / name).is_file():
-            return root / name
+def find_speed_file(root: Path, name: str | None = None) -> Path | None:
+    """The speed file ``name`` in ``root``, or (``name=None``) the first of :data:`SPEED_FILES` there; ``None`` if absent."""
+    for candidate in SPEED_FILES if name is None else (name,):
+        if (root / candidate).is_file():
+            return root / candidate
     return None
 
 
-def missing_files(root: Path) -> list[str]:
+def missing_files(root: Path, speed_file: str | None = None) -> list[str]:
+    """The files the loader needs that ``root`` lacks (the speed file ``speed_file``, else any of :data:`SPEED_FILES`)."""
     missing = []
-    if find_speed_file(root) is None:
-        missing.append(" or ".join(SPEED_FILES))
+    if find_speed_file(root, speed_file) is None:
+        missing.append(speed_file or " or ".join(SPEED_FILES))
     for name in GRAPH_FILES:
         if name == "adj_mx.pkl":
             if not (root / "adj_mx.pkl").is_file() and not (root / "adj_mx.npy").is_file():
@@ -209,9 +218,9 @@ def read_adjacency(root: Path, sensor_ids: list[str]) -> np.ndarray:
 def read_speed(path: str | Path) -> pd.DataFrame:
     """Read the speed frame from an HDF file (key ``df``; a file with one other key is accepted too).
 
-    This goes through pandas, which lets PyTables unpickle some stored attributes (e.g. the
-    index ``freq``); :func:`read_speed_arrays` avoids that for the standard fixed layout and
-    uses this function only for other layouts.
+    Read with ``pd.read_hdf`` inside :class:`~diagsink.data._unpickle.restricted_pytables`:
+    PyTables unpickles some stored attributes (e.g. the index ``freq``), and the guard lets
+    only the harmless globals such attributes need through.
 
     Raises:
         DataError: the file is truncated, not HDF5, or has no table.
@@ -229,7 +238,7 @@ def read_speed(path: str | Path) -> pd.DataFrame:
                     f"{path} holds the tables {keys} but not 'df'. Fix: save the speed matrix with "
                     "df.to_hdf(path, key='df') or run `diagsink data download`."
                 )
-            df = store[key]
+            df = pd.read_hdf(store, key)
     except DataError:
         raise
     except Exception as exc:  # HDF5ExtError, OSError, ... on truncated or foreign files
@@ -245,79 +254,41 @@ def read_speed(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def _text(x) -> str:
-    return x.decode("utf-8") if isinstance(x, bytes) else str(x)
-
-
-def _read_fixed_arrays(path: Path) -> tuple[np.ndarray, pd.DatetimeIndex, list[str]] | None:
-    """Read a pandas *fixed*-format frame (key ``df``, one float64 block) with PyTables directly.
-
-    This reads the matrix once into a C-ordered ``[T, N]`` array (pandas would need twice the
-    memory) and never touches pickled attributes (pandas unpickles the stored ``freq``).
-    Returns ``None`` for any other layout; the caller then falls back to pandas.
-    """
-    # reason: PyTables is imported only when an HDF file is read (start-up time)
-    import tables
-
-    with tables.open_file(path, mode="r") as h5:
-        if "/df" not in h5:
-            return None
-        group = h5.get_node("/df")
-        if not isinstance(group, tables.Group):
-            return None
-        names = set(group._v_children)
-        if (
-            not {"axis0", "axis1", "block0_items", "block0_values"} <= names
-            or "block1_values" in names
-        ):
-            return None
-        attrs = group._v_attrs
-        if (
-            _text(getattr(attrs, "pandas_type", "")) != "frame"
-            or int(getattr(attrs, "nblocks", 0)) != 1
-        ):
-            return None
-        values_node = group.block0_values
-        index_node = group.axis1
-        index_attrs = index_node._v_attrs
-        kind = _text(getattr(index_attrs, "kind", ""))
-        if (
-            values_node.dtype != np.float64
-            or values_node.ndim != 2
-            or not kind.startswith("datetime64")
-            or "tz" in index_attrs._v_attrnames
-            or not bool(getattr(values_node._v_attrs, "transposed", False))
-        ):
-            return None
-        unit = kind[len("datetime64[") : -1] if "[" in kind else "ns"
-        columns = [_text(c) for c in group.axis0.read()]
-        if [_text(c) for c in group.block0_items.read()] != columns:
-            return None
-        index = pd.DatetimeIndex(index_node.read().astype(f"datetime64[{unit}]"))
-        values = values_node.read()  # [T, N], C order
-    if values.shape != (len(index), len(columns)):
-        return None
-    return np.ascontiguousarray(values), index, columns
-
-
 def read_speed_arrays(path: str | Path) -> tuple[np.ndarray, pd.DatetimeIndex, list[str]]:
-    """``(values float64 [T, N], index, columns)`` of a speed file: PyTables fast path, else pandas.
+    """``(values float64 [T, N], index, columns)`` of a speed file, read by :func:`read_speed`.
 
     Raises:
         DataError: the file is truncated, not HDF5, or has no table.
     """
-    path = Path(path)
-    try:
-        with restricted_pytables(path):
-            fast = _read_fixed_arrays(path)
-    except DataError:
-        raise
-    except Exception:  # truncated or foreign file: let read_speed produce the message
-        fast = None
-    if fast is not None:
-        return fast
     frame = read_speed(path)
     return frame.to_numpy(dtype=np.float64, copy=True), frame.index, list(frame.columns)
+
+
+def sensor_positions(
+    columns: list[str], sensor_ids: list[str], *, path: Path | str = "speed file"
+) -> np.ndarray:
+    """Positions of a speed file's columns among the 207 ids of ``graph_sensor_ids.txt``.
+
+    The columns must be distinct known ids in the order of ``graph_sensor_ids.txt`` (all of
+    them for ``metr-la.h5``; a subset for a file with fewer sensors, e.g. 29 of 207). Returns
+    the increasing positions ``[N]`` (int64); the road graph is restricted to them by id.
+    """
+    where = {sid: i for i, sid in enumerate(sensor_ids)}
+    unknown = [c for c in columns if c not in where]
+    if unknown or not columns:
+        detail = f"unknown ids e.g. {unknown[:3]}" if unknown else "no columns"
+        raise DataError(
+            f"the columns of {path} are not sensor ids of graph_sensor_ids.txt: {detail}. Fix: use the "
+            "metr-la.h5 that belongs to DCRNN's graph files (`diagsink data download`), or columns named by those ids."
+        )
+    pos = np.array([where[c] for c in columns], dtype=np.int64)
+    if len(set(columns)) != len(columns) or np.any(np.diff(pos) <= 0):
+        i = int(np.flatnonzero(np.diff(pos) <= 0)[0]) + 1 if len(pos) > 1 else 0
+        raise DataError(
+            f"the columns of {path} are not in graph_sensor_ids.txt order (or repeat an id): column {i} is "
+            f"{columns[i]}. Fix: reorder with df[[s for s in sensor_ids if s in df.columns]]."
+        )
+    return pos
 
 
 def validate_speed_frame(
@@ -329,8 +300,8 @@ def validate_speed_frame(
 ) -> tuple[np.ndarray, pd.DatetimeIndex]:
     """Check a speed frame and return ``(speed float64 [T, N], timestamps [T])``.
 
-    Checks: columns equal ``sensor_ids`` in order, a DatetimeIndex that is contiguous at 5
-    minutes, finite and non-negative values. With ``require_full`` also the full shape
+    Checks: columns are ``sensor_ids`` or a subset in their order (:func:`sensor_positions`),
+    a DatetimeIndex that is contiguous at 5 minutes, finite values in ``[0, MAX_SPEED]``. With ``require_full`` also the full shape
     34272 x 207 and the range 2012-03-01 00:00 to 2012-06-27 23:55 (the download check).
 
     Raises:
@@ -355,24 +326,19 @@ def validate_speed(
     path: Path | str = "speed file",
     require_full: bool = False,
 ) -> tuple[np.ndarray, pd.DatetimeIndex]:
-    """:func:`validate_speed_frame` on the parts of a frame: values ``[T, N]``, index, columns."""
+    """:func:`validate_speed_frame` on the parts of a frame: values ``[T, N]``, index, columns.
+
+    The columns are all of ``sensor_ids`` or a subset of them, in ``graph_sensor_ids.txt``
+    order (:func:`sensor_positions`).
+    """
     cols = [str(c).strip() for c in columns]
-    if cols != list(sensor_ids):
-        extra = [c for c in cols if c not in set(sensor_ids)]
-        if len(cols) != len(sensor_ids) or extra:
-            detail = f"{len(cols)} columns, expected {len(sensor_ids)}" + (
-                f"; unknown ids e.g. {extra[:3]}" if extra else ""
-            )
-        else:
-            i = next(k for k, (a, b) in enumerate(zip(cols, sensor_ids)) if a != b)
-            detail = f"same ids in another order (first difference at column {i}: {cols[i]} vs {sensor_ids[i]})"
-        raise DataError(
-            f"the columns of {path} are not the sensor ids of graph_sensor_ids.txt in order: {detail}. "
-            "Fix: reorder with df[sensor_ids] if only the order differs, or use the metr-la.h5 that belongs "
-            "to DCRNN's graph files (`diagsink data download`)."
-        )
+    sensor_positions(cols, sensor_ids, path=path)
     if not isinstance(index, pd.DatetimeIndex):
         try:
+            if pd.api.types.is_numeric_dtype(np.asarray(index)):
+                raise TypeError(
+                    "a numeric index is not a time"
+                )  # pandas would read it as ns since 1970
             index = pd.DatetimeIndex(index)
         except Exception as exc:
             raise DataError(
@@ -410,9 +376,16 @@ def validate_speed(
             f"{path} holds {int((speed < 0).sum())} negative speeds (first {speed[r, c]} at {index[r]}, sensor {cols[c]}). "
             "Speeds are >= 0 and 0 means missing. Fix: use an unmodified metr-la.h5 (`diagsink data download`)."
         )
+    if (speed > MAX_SPEED).any():
+        r, c = np.argwhere(speed > MAX_SPEED)[0]
+        raise DataError(
+            f"{path} holds {int((speed > MAX_SPEED).sum())} speeds above {MAX_SPEED:g} mph, which no loop "
+            f"detector reports (first {speed[r, c]:g} at {index[r]}, sensor {cols[c]}). Fix: set the bad "
+            "readings to 0 (missing), e.g. df[df > 150] = 0, or use an unmodified metr-la.h5."
+        )
     if require_full:
         if (
-            speed.shape != (FULL_STEPS, N_SENSORS)
+            speed.shape != (FULL_STEPS, len(sensor_ids))
             or index[0] != FULL_START
             or index[-1] != FULL_END
         ):

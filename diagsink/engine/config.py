@@ -41,13 +41,14 @@ __all__ = [
     "SCHEMA",
     "OPTIONAL",
     "MISSING_INPUTS",
+    "GRAPH_LAYERS",
     "load_config",
     "validate_config",
     "override",
     "config_hash",
 ]
 
-PROTOCOLS: tuple[str, ...] = ("paper", "book", "quick", "slice")
+PROTOCOLS: tuple[str, ...] = ("paper", "book", "quick", "slice", "full29", "full29-released")
 
 _NUM = (int, float)
 #: key -> type (or nested schema). ``None`` in a tuple means the value may be null.
@@ -66,6 +67,7 @@ SCHEMA: dict[str, Any] = {
         "t_in": int,
         "t_out": int,
         "block_order": str,
+        "graph_layer": str,
     },
     "regularizers": {"diag_p": _NUM, "diag_penalty": _NUM},
     "train": {
@@ -81,21 +83,38 @@ SCHEMA: dict[str, Any] = {
         "min_delta": _NUM,
         "max_train_windows": (int, type(None)),
         "time_limit_s": (*_NUM, type(None)),
+        "epoch_parts": int,
     },
-    "data": {"split_order": str, "ratios": list, "missing_inputs": str},
+    "data": {
+        "split_order": str,
+        "ratios": list,
+        "missing_inputs": str,
+        "speed_file": (str, type(None)),
+    },
     "seeds": int,
 }
 
 #: Optional keys and their defaults (nested like :data:`SCHEMA`). A protocol may leave them out,
 #: and :func:`config_hash` drops them when they hold the default. ``model.block_order`` is
-#: ``"ts"`` (temporal attention then graph conv, the paper's) or ``"st"``. ``data.missing_inputs``
+#: ``"ts"`` (temporal attention then graph conv, the paper's) or ``"st"``; ``model.graph_layer``
+#: is one of :data:`GRAPH_LAYERS`. ``train.epoch_parts = k`` makes an epoch one k-th of a pass
+#: over the training windows: each pass draws one permutation and its k epochs take its k
+#: consecutive parts, so every window is used once per k epochs. ``data.speed_file`` names the
+#: speed file in the data folder (``null``: the first of ``diagsink.data.SPEED_FILES``). ``data.missing_inputs``
 #: says how a missing input reading (speed 0) enters the model: ``"as_reading"`` scales the 0
 #: like any speed (about -mu/sigma), ``"mean"`` replaces it by the training mean (0 after
 #: scaling); see :data:`MISSING_INPUTS` and the METR-LA chapter.
 OPTIONAL: dict[str, Any] = {
-    "model": {"block_order": "ts"},
-    "data": {"missing_inputs": "as_reading"},
+    "model": {"block_order": "ts", "graph_layer": "diffusion"},
+    "train": {"epoch_parts": 1},
+    "data": {"missing_inputs": "as_reading", "speed_file": None},
 }
+
+#: The choices of ``model.graph_layer``: ``"diffusion"`` (this book's layer: road-graph diffusion
+#: plus a learned adjacency, :class:`diagsink.graphconv.DiffusionGraphConv`) or ``"released"``
+#: (the paper's released layer, which reads only the diagonals of two learned supports and so
+#: mixes no sensors: :class:`diagsink.released.ReleasedGCN`).
+GRAPH_LAYERS: tuple[str, ...] = ("diffusion", "released")
 
 #: The choices of ``data.missing_inputs``.
 MISSING_INPUTS: tuple[str, ...] = ("as_reading", "mean")
@@ -152,6 +171,20 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
             f"data.missing_inputs = {missing!r} is not known; choose one of {', '.join(MISSING_INPUTS)}."
         )
     m, t, r, d = cfg["model"], cfg["train"], cfg["regularizers"], cfg["data"]
+    if m.get("graph_layer", "diffusion") not in GRAPH_LAYERS:
+        raise ConfigError(
+            f"model.graph_layer = {m['graph_layer']!r} is not known; choose one of {', '.join(GRAPH_LAYERS)}."
+        )
+    if t.get("epoch_parts", 1) < 1:
+        raise ConfigError(
+            f"train.epoch_parts = {t['epoch_parts']} must be >= 1 (1 = a whole pass per epoch)."
+        )
+    speed_file = d.get("speed_file")
+    if speed_file is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.h5", speed_file):
+        raise ConfigError(
+            f"data.speed_file = {speed_file!r} must be the plain name of an .h5 file in the data folder "
+            "(e.g. metr-la_29sensors_allsteps.h5), or null for the first of diagsink.data.SPEED_FILES."
+        )
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", cfg["protocol"]):
         raise ConfigError(
             f"protocol {cfg['protocol']!r} names the results folder, so it must be a plain name (letters, digits, "

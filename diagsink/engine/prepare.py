@@ -16,6 +16,7 @@ import torch
 
 from ..data.adjacency import diffusion_supports
 from ..data.windows import Scaler, gather, split_windows, time_of_day, train_steps
+from ..errors import ConfigError
 
 __all__ = ["Prepared", "prepare", "batch"]
 
@@ -48,6 +49,14 @@ class Prepared:
 def prepare(data: Any, cfg: dict[str, Any], device: str | torch.device = "cpu") -> Prepared:
     """Move a :class:`diagsink.data.metr_la.MetrLA` to ``device`` and split it as ``cfg["data"]`` says."""
     m = cfg["model"]
+    wanted = cfg["data"].get("speed_file")
+    got = Path(getattr(data, "path", "") or "").name
+    if wanted is not None and got != wanted:
+        raise ConfigError(
+            f"the protocol {cfg['protocol']!r} trains on {wanted} (data.speed_file) but the data given was "
+            f"read from {got or 'no file'}. Fix: pass ds.data.load_metr_la(speed_file={wanted!r}), or set "
+            "data.speed_file to null in your own protocol."
+        )
     splits = split_windows(
         data.n_steps,
         m["t_in"],

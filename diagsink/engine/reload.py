@@ -93,7 +93,11 @@ def load_run(
             f"{weights} is not the state dict {path.name} recorded; {_regenerate(path, art)}."
         )
     if prepared is None:
-        prepared = prepare(load_metr_la() if data is None else data, cfg, device)
+        prepared = prepare(
+            load_metr_la(speed_file=cfg["data"].get("speed_file")) if data is None else data,
+            cfg,
+            device,
+        )
     want = art["provenance"]["data"]
     if prepared.info["sha256"] != want["sha256"] or prepared.info["windows"] != want.get(
         "windows", prepared.info["windows"]

@@ -27,7 +27,6 @@ from ..runtime import resolve_device
 from ..variants import VARIANTS, check_variant
 from .artifacts import ArtifactError, load_artifact
 from .config import config_hash, load_config
-from .provenance import release_freed_memory_to_os
 
 __all__ = [
     "run_name",
@@ -207,8 +206,6 @@ def reproduce(
     if isinstance(cfg, str):
         cfg = load_config(cfg)
     device_t = resolve_device(device)
-    if device_t.type == "cpu":  # before the shared data's tensors (see train_run)
-        release_freed_memory_to_os()
     prepared = None
     done: list[Path] = []
     for seed in range(seeds):
@@ -230,7 +227,13 @@ def reproduce(
             elif status == "invalid":
                 print(f"redo {paths['json']}: {detail}")
             if prepared is None:
-                prepared = prepare(load_metr_la() if data is None else data, cfg, device_t)
+                prepared = prepare(
+                    load_metr_la(speed_file=cfg["data"].get("speed_file"))
+                    if data is None
+                    else data,
+                    cfg,
+                    device_t,
+                )
             train_run(
                 copy.deepcopy(cfg),
                 variant,

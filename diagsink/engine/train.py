@@ -54,7 +54,7 @@ from .config import config_hash, load_config
 from .distributed import context as distributed_context
 from .loop import fit_epoch
 from .prepare import Prepared, batch, prepare
-from .provenance import device_name, git_commit, release_freed_memory_to_os
+from .provenance import device_name, git_commit
 from .runs import (
     RunState,
     resume_checkpoint,
@@ -99,7 +99,8 @@ def build_model(cfg: dict[str, Any], variant: str, prepared: Prepared) -> TSMode
         diag_penalty=r["diag_penalty"],
         speed_mean=prepared.mean,
         speed_std=prepared.std,
-        block_order=m.get("block_order", "ts"),  # optional key (diagsink.engine.config.OPTIONAL)
+        block_order=m.get("block_order", "ts"),  # optional keys (diagsink.engine.config.OPTIONAL)
+        graph_layer=m.get("graph_layer", "diffusion"),
     ).to(prepared.series.device)
     # torch.sparse road-graph products when the graph is large (book/scaling.ipynb)
     return sparsify(model)
@@ -209,14 +210,11 @@ def _train_epoch(
 ) -> float:
     """One epoch of gradient steps over the shuffled training windows; returns the train MAE."""
     m, t = cfg["model"], cfg["train"]
-    n_train = _n_train(prepared, cfg)
+    order = epoch_windows(prepared, cfg, seed, epoch)
+    n_train = len(order)
     for group in optimizer.param_groups:
         group["lr"] = lr_at(epoch, cfg)
-    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
     dist.begin_epoch(seed, epoch)
-    order = prepared.train[
-        torch.randperm(len(prepared.train), generator=g)[:n_train].to(prepared.train.device)
-    ]
     batches = (
         batch(prepared, dist.shard(order[i : i + t["batch_size"]]), m["t_in"], m["t_out"])
         for i in range(0, n_train, t["batch_size"])
@@ -244,9 +242,29 @@ def _train_epoch(
     )
 
 
-def _n_train(prepared: Prepared, cfg: dict[str, Any]) -> int:
+def epoch_windows(prepared: Prepared, cfg: dict[str, Any], seed: int, epoch: int) -> torch.Tensor:
+    """The training window starts of (0-based) ``epoch``, in the order they are visited.
+
+    With ``train.epoch_parts = k`` pass ``p = epoch // k`` draws one permutation of the training
+    windows (seeded by ``seed`` and ``p``) and epoch ``epoch`` takes its part ``epoch % k`` (of
+    ``k`` near-equal consecutive parts): every window is used once every ``k`` epochs. With
+    ``k = 1`` (the default) each epoch is a whole pass. ``train.max_train_windows`` caps the
+    epoch's windows (the first ones of its part).
+    """
+    parts = cfg["train"].get("epoch_parts", 1)
+    cycle, part = divmod(epoch, parts)
+    g = torch.Generator().manual_seed(seed * 100_003 + cycle)
+    perm = torch.randperm(len(prepared.train), generator=g).tensor_split(parts)[part]
     cap = cfg["train"]["max_train_windows"]
-    return len(prepared.train) if cap is None else min(cap, len(prepared.train))
+    perm = perm if cap is None else perm[:cap]
+    return prepared.train[perm.to(prepared.train.device)]
+
+
+def _n_train(prepared: Prepared, cfg: dict[str, Any]) -> int:
+    """Windows per epoch (the largest part when ``train.epoch_parts`` does not divide evenly)."""
+    per_epoch = -(-len(prepared.train) // cfg["train"].get("epoch_parts", 1))
+    cap = cfg["train"]["max_train_windows"]
+    return per_epoch if cap is None else min(cap, per_epoch)
 
 
 def _finished(state: RunState, val_mae: float, model: TSModel, cfg, name: str) -> bool:
@@ -303,9 +321,7 @@ def train_model(
         progress: show a tqdm bar (loss, validation MAE, ETA).
         write: write the artifact, state dict and per-epoch checkpoints.
         low_memory: activation checkpointing of the blocks (same results, less memory,
-            roughly a fifth more compute). On a Linux CPU every run, with or without it,
-            returns freed memory to the OS at once
-            (:func:`~diagsink.engine.provenance.release_freed_memory_to_os`).
+            roughly a fifth more compute).
         on_epoch: called with each epoch's history entry after its checkpoint is written
             (logging, live plots; an exception raised there interrupts the run like a kill).
 
@@ -319,10 +335,12 @@ def train_model(
     if device_t.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    if device_t.type == "cpu":  # before the data's tensors: see release_freed_memory_to_os
-        release_freed_memory_to_os()  # else glibc keeps freed activation blocks: peak RSS >> use
     if prepared is None:
-        prepared = prepare(load_metr_la() if data is None else data, cfg, device_t)
+        prepared = prepare(
+            load_metr_la(speed_file=cfg["data"].get("speed_file")) if data is None else data,
+            cfg,
+            device_t,
+        )
     if write and out_dir is None:
         raise ConfigError("train_run(write=True) needs out_dir (the results folder).")
     paths = run_paths(out_dir, cfg["protocol"], variant, seed) if write else None
