@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import is_int, is_real
-from ._packing import dropout_attention, fused_attention
 from .errors import ConfigError
 from .positional import PositionalEncoding
 
@@ -239,12 +238,11 @@ class TemporalAttention(nn.Module):
         ``x``: ``[..., T, C]``; ``y``: ``[..., T, C]``; attention ``[..., H, T, T]``
         (rows = queries, columns = keys, rows sum to 1).
 
-    Two paths compute the same function: without ``return_attention`` the heads are mixed
-    by the fused ``torch.nn.functional.scaled_dot_product_attention`` (the regularizer
-    enters as an additive float mask); with it, the logits, the softmax and the weighted
-    sum are computed explicitly so that the weights can be returned. The explicit path also
-    runs on the CPU when attention dropout is active (training mode, ``dropout > 0``):
-    PyTorch has no fused CPU kernel with dropout, and its unfused fallback measured slower.
+    Two paths compute the same function: with ``return_attention`` the logits, the softmax and
+    the weighted sum are written out (the weights are returned); without it one call of
+    ``torch.nn.functional.scaled_dot_product_attention`` computes the same product without
+    storing the weights (the regularizer enters as its additive float mask ``attn_mask``,
+    attention dropout as its ``dropout_p``; both paths draw the same dropout numbers).
     """
 
     def __init__(
@@ -397,16 +395,13 @@ class TemporalAttention(nn.Module):
         *,
         dropped: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Apply the layer.
+        """``y = x + W_O concat_h( dropout(softmax(q k^T / sqrt(d_h) + b)) v )``: ``[..., T, C] -> [..., T, C]``.
 
         Args:
             x: ``[..., T, C]`` (at least 2-D).
-            return_attention: also return the attention weights ``[..., H, T, T]``
-                (taken before attention dropout, so every row sums to 1). This uses the
-                explicit path; otherwise the fused ``scaled_dot_product_attention`` runs,
-                except on the CPU with attention dropout in training mode, where PyTorch
-                has no fused kernel and :func:`~diagsink._packing.dropout_attention`
-                computes the explicit formula with a hand-written backward pass.
+            return_attention: also return the attention weights ``[..., H, T, T]`` (taken
+                before attention dropout, so every row sums to 1): the formula written out.
+                Otherwise one fused ``scaled_dot_product_attention`` call computes the same.
             dropped: optional fixed boolean pattern of dropped diagonal entries for
                 ``diag="dropout"`` (``[T]`` or ``[..., H, T]``), replacing the random draw.
 
@@ -417,22 +412,21 @@ class TemporalAttention(nn.Module):
         x = self.pos(x)
         h = self.norm(x) if self.norm_kind == "pre" else x
         p_drop = self.dropout if self.training else 0.0
-        b_ii = self.diagonal(h, dropped)  # the regularizer: None, a number, [T] or [..., H, T]
+        b = self.bias(h, dropped)  # the regularizer: None, [T, T] or [..., H, T, T]
         attn = None
-        # No fused CPU kernel has dropout (PyTorch's unfused fallback measured slower): the
-        # explicit formula below, with one QKV GEMM and a hand-written backward (_packing.py)
-        if p_drop > 0.0 and h.device.type == "cpu" and not return_attention:
-            b = bias_from_diagonal(b_ii, h.shape[-2], h.dtype, h.device)
-            out = self.out_proj(dropout_attention(self, h, b, p_drop))
-        elif return_attention:
-            h = h.contiguous()  # one copy of a strided input, shared by the three projections
-            b = bias_from_diagonal(b_ii, h.shape[-2], h.dtype, h.device)
+        if return_attention:  # the formula, written out
             attn = torch.softmax(self._logits(h, b), dim=-1)  # [..., H, T, T]
             v = self.split_heads(self.v_proj(h))  # [..., H, T, d_h]
-            mixed = (F.dropout(attn, p_drop, training=True) if p_drop else attn) @ v
-            out = self.out_proj(self.merge_heads(mixed))  # [..., T, C]
-        else:  # the same function by the fused kernel, short sequences packed (_packing.py)
-            out = self.out_proj(fused_attention(self, h, b_ii, p_drop))
+            mixed = F.dropout(attn, p_drop) @ v  # [..., H, T, d_h]
+        else:  # the same function in one fused call (leading axes flattened: [M, H, T, d_h])
+            *lead, length, channels = h.shape
+            flat = h.reshape(-1, length, channels)
+            q, k, v = (self.split_heads(p(flat)) for p in (self.q_proj, self.k_proj, self.v_proj))
+            if b is not None and b.dim() > 2:  # one bias per sequence and head
+                b = b.expand(*lead, self.n_heads, length, length).flatten(0, -4)
+            mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=b, dropout_p=p_drop)
+            mixed = mixed.reshape(*lead, self.n_heads, length, self.d_head)
+        out = self.out_proj(self.merge_heads(mixed))  # [..., T, C]
         y = x + out if self.residual else out
         if self.norm_kind == "post":
             y = self.norm(y)

@@ -26,11 +26,9 @@ the flaw. Explained in the chapter "The T&S model and its training loop"
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
@@ -97,35 +95,6 @@ def _stacked_powers(supports: Sequence[torch.Tensor], order: int, n_nodes: int) 
     return torch.stack(out) if out else torch.zeros(0, n_nodes, n_nodes)
 
 
-class _ConstantMatmul(torch.autograd.Function):
-    """``P @ y`` for a constant ``P``: the backward pass is ``P^T @ g``; no gradient for ``P``.
-
-    ``p`` and ``p_t`` (``P`` and ``P^T``, dense or sparse CSR, ``[N, N]``) are not saved
-    tensors of the graph and nothing of ``y`` (``[N, M]``) is kept: the product is linear in
-    ``y``, so its backward pass needs only the constant.
-    """
-
-    @staticmethod
-    def forward(ctx, y: torch.Tensor, p: torch.Tensor, p_t: torch.Tensor) -> torch.Tensor:
-        ctx.p_t = p_t
-        return p.to(y.dtype) @ y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return ctx.p_t.to(grad.dtype) @ grad, None, None
-
-
-#: dtypes whose sparse CSR products the CPU has (others use the dense supports)
-_CSR_DTYPES = (torch.float32, torch.float64)
-
-
-def _csr(p: torch.Tensor) -> torch.Tensor:
-    """``p`` (dense or sparse ``[N, N]``) as a sparse CSR tensor, without torch's beta warning."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-        return (p.to_dense() if p.is_sparse else p).to_sparse_csr()
-
-
 class DiffusionGraphConv(nn.Module):
     """Diffusion graph convolution over the node axis of ``[batch, time, nodes, channels]``.
 
@@ -143,9 +112,6 @@ class DiffusionGraphConv(nn.Module):
     Shapes:
         ``x``: ``[B, T, N, C]`` -> ``[B, T, N, C]``.
     """
-
-    #: cache the dense powers of the fixed supports as the buffer ``fixed_powers``
-    _cache_powers: bool = True
 
     def __init__(
         self,
@@ -187,15 +153,6 @@ class DiffusionGraphConv(nn.Module):
         for i, s in enumerate(supports):
             # not persistent: derived from the road graph, so state dicts stay small
             self.register_buffer(f"support_{i}", s, persistent=False)
-        # the powers P, P^2, ..., P^K of the fixed supports, computed once (they are constants):
-        # no rebuild per forward pass and no gradient for them in the backward pass
-        cached = supports if self._cache_powers else []
-        with torch.no_grad():
-            self.register_buffer(
-                "fixed_powers", _stacked_powers(cached, order, n_nodes), persistent=False
-            )
-        # (device, dtype) -> [(P_i, P_i^T)] as the forward pass applies them (see _operators)
-        self._operator_cache: dict[tuple[torch.device, torch.dtype], list] = {}
         self.adaptive = adaptive
         if adaptive:
             self.e1 = nn.Parameter(torch.randn(n_nodes, embed_dim))
@@ -214,100 +171,28 @@ class DiffusionGraphConv(nn.Module):
     def powers(self) -> torch.Tensor:
         """All diffusion matrices stacked: ``[P_1, P_1^2, ..., P_1^K, P_2, ..., P_S^K]`` as ``[S K, N, N]``.
 
-        The fixed supports' powers come from the cache built at construction
-        (``fixed_powers``); the adaptive support's are computed from the embeddings.
+        Built on each call (dense); the forward pass never forms them.
         """
-        if not self.adaptive:
-            return self.fixed_powers
-        learned = self.adaptive_powers()
-        return (
-            torch.cat([self.fixed_powers.to(learned.dtype), learned]) if self.n_fixed else learned
-        )
-
-    def adaptive_powers(self) -> torch.Tensor:
-        """``[A, A^2, ..., A^K]`` of the adaptive adjacency ``A`` as ``[K, N, N]`` (differentiable)."""
-        return _stacked_powers([adaptive_adjacency(self.e1, self.e2)], self.order, self.n_nodes)
-
-    def _operators(self, device: torch.device, dtype: torch.dtype) -> list:
-        """``[(P_i, P_i^T)]`` for the fixed supports: sparse CSR on the CPU, else dense ``[N, N]``.
-
-        On the CPU a road graph's walk (METR-LA: 1,722 non-zeros of 207 x 207) is applied about
-        five times faster as CSR than dense (measured on a 2-core x86-64 CPU: 1.5 ms against
-        7.5 ms for ``[207, 207] @ [207, 6912]``). The CSR copies are built once per device and
-        dtype and kept (building them costs more than a forward pass); they are derived from
-        the buffers ``support_i`` and are not part of the ``state_dict``.
-        """
-        key = (device, dtype)
-        if key not in self._operator_cache:
-            fixed = [getattr(self, f"support_{i}") for i in range(self.n_fixed)]
-            if device.type == "cpu" and dtype in _CSR_DTYPES:
-                ops = [(_csr(p.to(dtype)), _csr(p.to(dtype).T)) for p in fixed]
-            else:
-                dense = [(p.to_dense() if p.is_sparse else p).to(dtype) for p in fixed]
-                ops = [(p, p.T.contiguous()) for p in dense]
-            self._operator_cache = {key: ops}  # one entry: a model lives on one device
-        return self._operator_cache[key]
+        return _stacked_powers(self.supports(), self.order, self.n_nodes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, T, N, C] -> [B, T, N, C]``; sensor ``n`` aggregates ``Σ_m P[n, m] x[..., m, :]``.
+        """``[B, T, N, C] -> [B, T, N, C]``: ``dropout(mix(cat[x, P_1 x, ..., P_1^K x, ..., P_S^K x]))``.
 
-        The same function as ``self.mix(torch.cat([x, P_1 x, ..., P_S^K x], -1))`` followed by
-        dropout, computed in an order that does less work. The mix is linear, so
-        ``W_k (P^k x) = P^k (x W_k^T)``: the layer first multiplies ``x`` (laid out node-major,
-        ``[N B T, C]``) by each term's weights ``W_k``, the self term's included (one GEMM per
-        term, output ``[N, B T D]``; only this node-major copy of ``x`` is kept for the backward
-        pass), then applies each support in Horner form,
-        ``Σ_k P^k Y_k = P (Y_1 + P (Y_2 + ... + P Y_K))``: ``K`` products with ``P`` per
-        support and no power ``P^k`` built. The fixed supports are constants
-        (:class:`_ConstantMatmul`: no gradient for them, nothing saved), sparse CSR on the
-        CPU; the adaptive support ``A`` is dense and differentiable. In training on the CPU the
-        output dropout keeps a byte mask, drawn as ``F.dropout`` draws it (the same dropped
-        entries for the same seed), instead of ``F.dropout``'s float one. The result may be a
-        non-contiguous view (node-major memory).
+        Sensor ``n`` of ``P x`` is ``Σ_m P[n, m] x[..., m, :]``; ``P^k x`` is computed as
+        ``P (P^(k-1) x)``, so no power ``P^k`` is formed.
         """
         if x.dim() != 4 or x.shape[-2] != self.n_nodes or x.shape[-1] != self.channels:
             raise ValueError(
                 f"x has shape {tuple(x.shape)}; DiffusionGraphConv expects [batch, time, nodes={self.n_nodes}, "
                 f"channels={self.channels}]."
             )
-        b, t, n, c = x.shape
-        k_hops = self.order
-        weight = self.mix.weight.to(x.dtype)  # [D, (1 + S K) C]
-        bias = None if self.mix.bias is None else self.mix.bias.to(x.dtype)
-        d = weight.shape[0]
-        nodes_first = x.permute(2, 0, 1, 3).reshape(n * b * t, c)  # [N B T, C]
-        # Y_j = x W_j^T for every term j (j = 0: the self term, with the bias), each [N, B T D]
-        terms = [
-            F.linear(nodes_first, weight[:, c * j : c * (j + 1)], bias if j == 0 else None).view(
-                n, b * t * d
-            )
-            for j in range(weight.shape[1] // c)
-        ]
-
-        def horner(first: int, apply) -> torch.Tensor:
-            # P (Y_first + P (Y_first+1 + ... + P Y_first+K-1))
-            acc = terms[first + k_hops - 1]
-            for k in range(k_hops - 2, -1, -1):
-                acc = terms[first + k] + apply(acc)
-            return apply(acc)
-
-        out = terms[0]
-        for i, (p, p_t) in enumerate(self._operators(x.device, x.dtype)):
-            part = horner(1 + i * k_hops, lambda y, p=p, p_t=p_t: _ConstantMatmul.apply(y, p, p_t))
-            out = out + part
-        if self.adaptive:
-            a = adaptive_adjacency(self.e1, self.e2).to(x.dtype)
-            out = out + horner(1 + self.n_fixed * k_hops, lambda y: a @ y)
-        out = out.view(n, b, t, d).permute(1, 2, 0, 3)  # [B, T, N, D], node-major in memory
-        p_drop = self.dropout.p
-        if not self.training or p_drop == 0.0:
-            return out
-        if out.device.type != "cpu":
-            return self.dropout(out.contiguous())  # the fused kernel, drawn over [B, T, N, D]
-        # F.dropout's draws over a contiguous [B, T, N, D] tensor, kept as bytes
-        keep = torch.empty((b, t, n, d), dtype=torch.bool, device=out.device)
-        keep.bernoulli_(1.0 - p_drop)
-        return (out * keep).mul_(1.0 / (1.0 - p_drop))
+        terms = [x]
+        for p in self.supports():
+            h = x
+            for _ in range(self.order):
+                h = torch.einsum("nm,btmc->btnc", p.to(x.dtype), h)  # one diffusion step
+                terms.append(h)
+        return self.dropout(self.mix(torch.cat(terms, dim=-1)))
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, nodes={self.n_nodes}, fixed_supports={self.n_fixed}, order={self.order}, adaptive={self.adaptive}"

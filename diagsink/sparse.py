@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .graphconv import DiffusionGraphConv, _stacked_powers
+from .graphconv import DiffusionGraphConv
 
 __all__ = [
     "SPARSE_MIN_NODES",
@@ -73,18 +73,11 @@ class SparseDiffusionGraphConv(DiffusionGraphConv):
         ``x``: ``[B, T, N, C]`` -> ``[B, T, N, C]``.
     """
 
-    #: no dense ``[S K, N, N]`` cache: it would cost ``O(N^2)`` memory on a large sparse graph
-    _cache_powers = False
-
     def __init__(self, channels: int, supports: Sequence[torch.Tensor] = (), **kwargs) -> None:
         super().__init__(channels, supports, **kwargs)
         for i in range(self.n_fixed):
             dense = getattr(self, f"support_{i}")
             self.register_buffer(f"support_{i}", dense.to_sparse_coo().coalesce(), persistent=False)
-
-    def powers(self) -> torch.Tensor:
-        """All diffusion matrices stacked, dense: ``[S K, N, N]`` (built on each call, not cached)."""
-        return _stacked_powers(self.supports(), self.order, self.n_nodes)
 
     @classmethod
     def from_dense(cls, layer: DiffusionGraphConv) -> SparseDiffusionGraphConv:
@@ -125,7 +118,7 @@ class SparseDiffusionGraphConv(DiffusionGraphConv):
                     h = p.to(x.dtype) @ h
                 terms.append(h)
         mixed = torch.stack(terms).reshape(len(terms), n * b * t, c)  # [S K, N B T, C]
-        # the channel mix W [x, P_1 x, ...] + b, term by term (as the dense layer does it)
+        # the channel mix W [x, P_1 x, ...] + b, term by term
         weight = self.mix.weight.to(x.dtype)  # [D, (1 + S K) C]
         d = weight.shape[0]
         w_terms = weight[:, c:].reshape(d, len(terms), c).permute(1, 2, 0)  # [S K, C, D]

@@ -237,9 +237,9 @@ def test_gradcheck_both_paths(diag, explicit):
 
 
 @pytest.mark.parametrize("diag", ALL_DIAGS)
-def test_attention_dropout_on_the_cpu_runs_the_explicit_path(diag):
-    """No fused CPU kernel has dropout: the layer's CPU path (a hand-written backward pass) computes
-    what return_attention computes, from the same draws."""
+def test_attention_dropout_draws_the_same_on_both_paths(diag):
+    """With attention dropout the fused call computes what return_attention computes, from the
+    same draws (a fixed seed), and the dropout really acts."""
     layer = _layer(diag=diag, dropout=0.3).train()
     x = torch.randn(3, 4, 7, 8, dtype=torch.float64)
     dropped = torch.rand(3, 4, 2, 7) < 0.3 if diag == "dropout" else None
@@ -333,92 +333,52 @@ def test_fast_path_equals_explicit_path_with_everything_on(dtype, tol):
     torch.testing.assert_close(layer(x), layer(x, return_attention=True)[0], rtol=tol, atol=tol)
 
 
-# ----------------------------------------------------------------- packing short sequences (CPU)
-CPU = torch.device("cpu")
-
-
-def test_pack_groups_is_the_largest_divisor_that_fits():
-    P = ds._packing.PACK_LENGTH
-    for n_seq in range(1, 50):
-        for T in range(1, P + 2):
-            G = ds._packing.pack_groups(n_seq, T, CPU)
-            fits = (
-                [g for g in range(1, n_seq + 1) if n_seq % g == 0 and g * T <= P]
-                if 2 * T <= P
-                else []
-            )
-            assert G == max(fits, default=1), (n_seq, T, G)
-    assert ds._packing.pack_groups(828, 12, CPU) == 2  # METR-LA-like: 4 x 207 sequences of T = 12
-
-
-@pytest.mark.parametrize("why", ["attention dropout", "not the CPU", "long sequences"])
-def test_pack_groups_declines(why):
-    args = {
-        "attention dropout": (828, 12, CPU, 0.1),
-        "not the CPU": (828, 12, torch.device("meta"), 0.0),
-        "long sequences": (828, ds._packing.PACK_LENGTH // 2 + 1, CPU, 0.0),
-    }[why]
-    assert ds._packing.pack_groups(*args) == 1
-
-
-def test_pack_diagonal_bias_known_answer():
-    inf = float("-inf")
-    got = ds._packing.pack_diagonal_bias(torch.tensor([1.0, 2.0]), 2)
-    want = torch.tensor(
-        [[1.0, 0, inf, inf], [0, 2.0, inf, inf], [inf, inf, 1.0, 0], [inf, inf, 0, 2.0]]
-    )
-    assert torch.equal(got, want)
-
-
-def test_pack_diagonal_bias_per_head_and_per_sequence():
-    T, G, H = 3, 2, 2
-    per_head = torch.randn(H, T)
-    got = ds._packing.pack_diagonal_bias(per_head, G)  # [H, G T, G T]
-    assert got.shape == (H, G * T, G * T)
-    for h in range(H):
-        torch.testing.assert_close(got[h], ds._packing.pack_diagonal_bias(per_head[h], G))
-    # 4 sequences -> 2 packs; sequence s*G + g is part g of pack s
-    per_sequence = torch.randn(4, H, T)
-    got = ds._packing.pack_diagonal_bias(per_sequence, G)
-    assert got.shape == (2, H, G * T, G * T)
-    for s in range(2):
-        for h in range(H):
-            want = ds._packing.pack_diagonal_bias(torch.zeros(T), G)
-            want = want + torch.diag(torch.cat([per_sequence[s * G + g, h] for g in range(G)]))
-            assert torch.equal(got[s, h], want)
-
-
+# ------------------------------------------------- the two paths: values and gradients, float64
 @pytest.mark.parametrize("diag, pattern", CASES, ids=[f"{d}-{p}" for d, p in CASES])
-def test_packed_fast_path_equals_unpacked_with_gradients(diag, pattern, monkeypatch):
+@pytest.mark.parametrize("p_attn", [0.0, 0.3], ids=["no-attn-dropout", "attn-dropout"])
+def test_fused_path_equals_explicit_path_with_gradients(diag, pattern, p_attn):
+    """One ``scaled_dot_product_attention`` call == the formula written out, float64: outputs and
+    the gradients of the input and of every parameter; with attention dropout both draw the same
+    keep mask from the same seed."""
     torch.manual_seed(5)
     B, N, T, C, H = 2, 4, 6, 8, 2
-    assert ds._packing.pack_groups(B * N, T, CPU) == 4  # this test packs 4 sequences of 6 steps
-    layer = _layer(c=C, h=H, diag=diag, diag_p=0.4).train()
+    layer = _layer(c=C, h=H, diag=diag, diag_p=0.4, dropout=p_attn, norm="post").train()
     x = torch.randn(B, N, T, C, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(B, N, T, C, dtype=torch.float64)
     dropped = {
         None: None,
         "shared": torch.rand(T) < 0.4,
         "per-head": torch.rand(H, T) < 0.4,
         "independent": torch.rand(B, N, H, T) < 0.4,
     }[pattern]
-    if diag == "dropout" and dropped is None:
-        layer.eval()  # dropout without a pattern: eval mode, no bias at all
-
-    def run():
-        y = layer(x, dropped=dropped)
-        return (y, *torch.autograd.grad(y.sin().sum(), [x, *layer.parameters()]))
-
-    packed = run()
-    monkeypatch.setattr(ds._packing, "PACK_LENGTH", 1)  # no packing
-    assert ds._packing.pack_groups(B * N, T, CPU) == 1
-    unpacked = run()
-    for a, b in zip(packed, unpacked):
+    results = []
+    for explicit in (False, True):
+        torch.manual_seed(11)  # the same draws on both paths
+        out = layer(x, return_attention=explicit, dropped=dropped)
+        y = out[0] if explicit else out
+        results.append((y, *torch.autograd.grad((y * weights).sum(), [x, *layer.parameters()])))
+    for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-def test_the_path_tests_above_pack():
-    """test_fast_path_equals_explicit_path (2 x 3 sequences of T = 10) runs on the packed path."""
-    assert ds._packing.pack_groups(2 * 3, 10, CPU) > 1
+def test_fused_path_is_one_sdpa_call_with_the_bias_as_attn_mask(monkeypatch):
+    """Without ``return_attention`` the layer calls ``F.scaled_dot_product_attention`` once, with
+    the regularizer's bias as ``attn_mask`` and the attention dropout as ``dropout_p``."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, **kw):
+        calls.append((q.shape, attn_mask, dropout_p))
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    layer = _layer(c=8, h=2, diag="penalty", diag_penalty=-0.5, dropout=0.1).train()
+    layer(torch.randn(3, 5, 7, 8, dtype=torch.float64))
+    ((shape, mask, p),) = calls
+    assert shape == (15, 2, 7, 4) and p == 0.1  # leading axes flattened: [M, H, T, d_h]
+    torch.testing.assert_close(mask, -0.5 * torch.eye(7, dtype=torch.float64))
+    layer.eval()(torch.randn(3, 7, 8, dtype=torch.float64))
+    assert calls[-1][2] == 0.0  # no attention dropout in evaluation
 
 
 # --------------------------------------------------------------- against torch.nn.MultiheadAttention

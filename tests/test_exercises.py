@@ -2,8 +2,7 @@
 
 The student notebooks rely on this: an exercise that is not done yet must show up as
 exactly that error, never as a misleading hint ("return two numbers ...").
-Also: the two exercises of the appendix "Making it fast" (``ex-fast-pack``,
-``ex-fast-groups``) and the two of the chapter "Depth and LayerNorm" (``ex-depth-layernorm``,
+Also: the exercise of the appendix "Making it fast" (``ex-fast-mask``) and the two of the chapter "Depth and LayerNorm" (``ex-depth-layernorm``,
 ``ex-depth-bound``) pass the right answer and name each typical mistake.
 """
 
@@ -15,7 +14,6 @@ import pytest
 import torch
 
 import diagsink as ds
-from diagsink.exercises.fast import reference_groups
 
 LABELS = ds.exercises.labels()
 
@@ -46,79 +44,48 @@ def test_stub_error_propagates(label: str):
         ds.exercises.check(label, stub)
 
 
-def _block_bias(T: int, G: int) -> torch.Tensor:
-    """The right answer of ``ex-fast-pack``, written independently of the package."""
-    same = torch.block_diag(*[torch.ones(T, T)] * G).bool()
-    return torch.zeros(G * T, G * T).masked_fill(~same, float("-inf"))
+def _sdpa_mask(T: int, diag: str, penalty: float) -> torch.Tensor:
+    """The right answer of ``ex-fast-mask``, written independently of the package."""
+    if diag == "mask":
+        return ~torch.eye(T, dtype=torch.bool)  # True: the key takes part
+    return torch.diag(torch.full((T,), penalty))
 
 
-def test_pack_check_passes_the_right_answer():
-    assert ds.exercises.check("ex-fast-pack", _block_bias, strict=True).passed
+def test_mask_check_passes_the_right_answer_and_the_float_form():
+    assert ds.exercises.check("ex-fast-mask", _sdpa_mask, strict=True).passed
+
+    def float_form(T, diag, penalty):
+        value = float("-inf") if diag == "mask" else penalty
+        return torch.zeros(T, T).fill_diagonal_(value)
+
+    assert ds.exercises.check("ex-fast-mask", float_form, strict=True).passed
 
 
 @pytest.mark.parametrize(
     "wrong, hint",
     [
-        (lambda T, G: torch.where(_block_bias(T, G) == 0, float("-inf"), 0.0), "swapped"),
-        (lambda T, G: (_block_bias(T, G) == 0).double(), "not 1 and 0"),
-        (lambda T, G: _block_bias(T, G).clamp(min=-1e9), "large negative number"),
-        (lambda T, G: _block_bias(T, G)[:-1], "shape"),
-        (lambda T, G: _block_bias(T, G).tolist(), "returned list"),
         (
-            lambda T, G: torch.zeros(G * T, G * T).masked_fill(
-                ~torch.kron(torch.ones(G, G), torch.eye(T)).bool(), float("-inf")
-            ),
-            "one after another",
+            lambda T, d, p: ~_sdpa_mask(T, d, p) if d == "mask" else _sdpa_mask(T, d, p),
+            "True means",
         ),
+        (
+            lambda T, d, p: _sdpa_mask(T, d, p) if d == "mask" else torch.full((T, T), p),
+            "diagonal only",
+        ),
+        (
+            lambda T, d, p: _sdpa_mask(T, d, p) if d == "mask" else 2 * _sdpa_mask(T, d, p),
+            "after the",
+        ),
+        (lambda T, d, p: _sdpa_mask(T, d, p)[:-1], "shape"),
+        (lambda T, d, p: _sdpa_mask(T, d, p).tolist(), "returned list"),
     ],
-    ids=["swapped", "ones", "finite", "shape", "list", "interleaved"],
+    ids=["mha-convention", "everywhere", "scaled", "shape", "list"],
 )
-def test_pack_check_names_the_mistake(wrong, hint: str):
-    result = ds.exercises.check("ex-fast-pack", wrong)
+def test_mask_check_names_the_mistake(wrong, hint: str):
+    result = ds.exercises.check("ex-fast-mask", wrong)
     assert not result.passed and hint in result.message, result.message
     with pytest.raises(ds.exercises.ExerciseFailed):
-        ds.exercises.check("ex-fast-pack", wrong, strict=True)
-
-
-def test_the_pack_exercise_moved_to_the_appendix():
-    labels = set(LABELS)
-    assert "ex-fast-pack" in labels and "ex-attention-pack" not in labels
-
-
-def _choose_groups(n_seq: int, T: int, pack_length: int) -> int:
-    """The right answer of ``ex-fast-groups``, written independently of the package."""
-    fits = [g for g in range(1, pack_length // T + 1) if n_seq % g == 0]
-    return max(fits) if 2 * T <= pack_length else 1
-
-
-def test_groups_rule_is_the_packages():
-    cpu = torch.device("cpu")
-    for n_seq in range(1, 120):
-        for T in range(1, 30):
-            expected = ds._packing.pack_groups(n_seq, T, cpu)
-            assert reference_groups(n_seq, T, ds._packing.PACK_LENGTH) == expected
-            assert _choose_groups(n_seq, T, ds._packing.PACK_LENGTH) == expected
-
-
-def test_groups_check_passes_the_right_answer():
-    assert ds.exercises.check("ex-fast-groups", _choose_groups, strict=True).passed
-
-
-@pytest.mark.parametrize(
-    "wrong, hint",
-    [
-        (lambda n, T, L: max(L // T, 1), "does not divide"),
-        (lambda n, T, L: 1, "take the largest"),
-        (lambda n, T, L: float(_choose_groups(n, T, L)), "return an int"),
-        (lambda n, T, L: _choose_groups(n, T, L) if T <= L else 0, "at least 1"),
-        (lambda n, T, L: 2 if 2 * T > L else _choose_groups(n, T, L), "G T ="),
-    ],
-    ids=["no-divisor", "always-one", "float", "zero", "too-long"],
-)
-def test_groups_check_names_the_mistake(wrong, hint: str):
-    for _ in range(5):  # fresh cases on every call: the mistake shows in at least one of them
-        result = ds.exercises.check("ex-fast-groups", wrong)
-        assert not result.passed and hint in result.message, result.message
+        ds.exercises.check("ex-fast-mask", wrong, strict=True)
 
 
 # ------------------------------------------------------------------------- depth and LayerNorm

@@ -1,4 +1,4 @@
-"""Provenance of a run: the code version, the device, the process's memory setting.
+"""Provenance of a run: the code version, the device and the machine.
 
 Every artifact of :mod:`diagsink.engine.artifacts` records these (``provenance``); explained in
 the chapter "The T&S model and its training loop" (``book/model.ipynb``).
@@ -6,13 +6,10 @@ the chapter "The T&S model and its training loop" (``book/model.ipynb``).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import os
 import platform
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -22,7 +19,6 @@ __all__ = [
     "git_commit",
     "device_name",
     "machine",
-    "release_freed_memory_to_os",
 ]
 
 #: Appended to a commit that was not read from ``.git`` but given in ``DIAGSINK_GIT_COMMIT``.
@@ -78,31 +74,3 @@ def machine() -> str:
     except OSError:
         pass
     return f"{name}, {os.cpu_count()} logical cores, {platform.system()} {platform.machine()}"
-
-
-def release_freed_memory_to_os() -> bool:
-    """Ask glibc to hand freed blocks of 128 KiB and more back to the OS at once (Linux only).
-
-    glibc raises its mmap threshold dynamically (up to 32 MiB), after which the many
-    activation-sized blocks of a training step are served from the heap and kept after being
-    freed, so the resident memory of a CPU run grows far beyond what is alive at any moment
-    (``benchmarks/training.py`` measures the peak of the paper model with and without it).
-    Fixing the threshold (``mallopt(M_MMAP_THRESHOLD)``, the same as
-    ``MALLOC_MMAP_THRESHOLD_=131072``) stops that. Every large block is then a fresh mapping
-    whose pages fault in one by one, 4 KiB at a time, which makes a CPU training step markedly
-    slower; so it also turns on PyTorch's transparent huge pages for CPU tensors of 2 MiB and more
-    (``THP_MEM_ALLOC_ENABLE=1``, faults per 2 MiB instead of 4 KiB). PyTorch reads that
-    variable once, at the process's first such allocation: call this before creating large
-    tensors (:func:`diagsink.engine.train.train_run` calls it before preparing the data, for
-    every CPU run). Returns whether the threshold could be set.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        ok = libc.mallopt(m_mmap_threshold, 128 * 1024) == 1
-        return bool(ok and libc.mallopt(m_trim_threshold, 128 * 1024) == 1)
-    except (OSError, AttributeError):
-        return False
