@@ -20,6 +20,12 @@ Functions:
 
 * :func:`head_query_norms` -- ``‖G^h_i‖₂`` for every head and row, ``[H, T]``.
 * :func:`coupling_bounds` -- the right-hand sides of the proposition, per head.
+* :func:`aggregate_influence` -- theorem ``bnd-thm-aggregate``: the other steps' aggregate
+  influence ``Σ_{j≠i} ‖J_ij‖`` and the diagonal's share, measured and bounded; for long,
+  near-uniform rows the share tends to ``1/(1 + ν)`` with a residual connection.
+* :func:`uniform_counterexample` -- exactly uniform attention with the largest query term.
+* :func:`directional_query` -- the query term along the direction a scalar input moves,
+  bounded by the *measured* logit spread (proposition ``bnd-prop-directional``).
 """
 
 from __future__ import annotations
@@ -34,7 +40,16 @@ from . import jacobian as J
 from .attention import TemporalAttention
 from .errors import ConfigError
 
-__all__ = ["head_query_blocks", "head_query_norms", "Coupling", "coupling_bounds"]
+__all__ = [
+    "head_query_blocks",
+    "head_query_norms",
+    "Coupling",
+    "coupling_bounds",
+    "Aggregate",
+    "aggregate_influence",
+    "uniform_counterexample",
+    "directional_query",
+]
 
 
 def _check(layer: TemporalAttention, x: torch.Tensor) -> None:
@@ -128,3 +143,191 @@ def coupling_bounds(layer: TemporalAttention, x: torch.Tensor) -> Coupling:
         nu=list(nu),
         penalty=beta,
     )
+
+
+# ----------------------------------------------------------------------------------------
+# the aggregate-influence theorem (theorem bnd-thm-aggregate)
+# ----------------------------------------------------------------------------------------
+@dataclass
+class Aggregate:
+    """Theorem ``bnd-thm-aggregate`` for one layer and one sequence (spectral norms).
+
+    Per row ``i`` (tensors ``[T]``) or per head and row (``[H, T]``):
+
+    Attributes:
+        off_sum: measured ``Σ_{j≠i} ‖J_ij‖``, the other steps' aggregate influence on ``y_i``.
+        diag: measured ``‖J_ii‖``.
+        share: measured ``‖J_ii‖ / (‖J_ii‖ + Σ_{j≠i} ‖J_ij‖)``, the diagonal's share.
+        value_sum: ``Σ_{j≠i} ‖Σ_h α^h_ij M^h‖``, the value path alone (``(1 − α_ii) ν`` for one head).
+        alpha_diag: ``α^h_ii``, ``[H, T]``.
+        eps: ``ε^h_i = ‖W_K^hᵀ q^h_i‖ max_j ‖u_j − ū^h_i‖ / sqrt(d)``, ``[H, T]``; at most
+            ``eps_apriori[h]``.
+        eps_apriori: ``ε_h = Q_h κ_h D / sqrt(d) = Δ̂_h − |β|``, per head.
+        query_bound: ``ν_h ρ_h κ_h D² / (4 sqrt(d)) ≥ ‖G^h_i‖`` (proposition ``bnd-prop-coupling``).
+        off_lower, off_upper: the theorem's bounds on ``off_sum``.
+        diag_lower, diag_upper: its bounds on ``diag``.
+        share_lower, share_upper: the bounds on ``share`` that follow from the four above.
+        nu: ``ν_h = ‖W_O^h W_V^h‖`` per head.
+        nu_layer: ``ν = ‖Σ_h W_O^h W_V^h‖``, the layer's value map.
+        residual: whether the layer adds its input.
+    """
+
+    off_sum: torch.Tensor
+    diag: torch.Tensor
+    share: torch.Tensor
+    value_sum: torch.Tensor
+    alpha_diag: torch.Tensor
+    eps: torch.Tensor
+    eps_apriori: list[float]
+    query_bound: list[float]
+    off_lower: torch.Tensor
+    off_upper: torch.Tensor
+    diag_lower: torch.Tensor
+    diag_upper: torch.Tensor
+    share_lower: torch.Tensor
+    share_upper: torch.Tensor
+    nu: list[float]
+    nu_layer: float
+    residual: bool
+
+    @property
+    def limit(self) -> float:
+        """The share the theorem predicts for long, near-uniform rows: ``1/(1 + ν)`` with a
+        residual connection, ``0`` without one."""
+        return 1.0 / (1.0 + self.nu_layer) if self.residual else 0.0
+
+
+def _eps(p: J._Heads) -> torch.Tensor:
+    """``ε^h_i = ‖W_Kᵀ q_i‖ max_j ‖u_j − ū_i‖ / sqrt(d)`` over attended keys ``j``, ``[H, T]``."""
+    ubar = p.alpha @ p.u  # [H, T, C]
+    dist = torch.cdist(ubar, p.u[None].expand(ubar.shape[0], -1, -1))  # [H, i, j]
+    dist = dist.masked_fill(~torch.isfinite(p.logits), 0.0)
+    return p.scale * p.r.norm(dim=-1) * dist.amax(-1)
+
+
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    return torch.where(den > 0, num / den.clamp_min(1e-300), torch.zeros_like(num))
+
+
+def _apriori(c: dict, d: int) -> tuple[list[float], list[float]]:
+    """Per head ``ε_h = Q_h κ_h D / sqrt(d)`` and ``ν_h ρ_h κ_h D² / (4 sqrt(d))`` from ``bound()``."""
+    H, sqrt_d = len(c["nu"]), math.sqrt(d)
+    eps = [c["Q"][h] * c["kappa"][h] * c["D"] / sqrt_d for h in range(H)]
+    query = [
+        c["nu"][h] * c["rho"][h] * c["kappa"][h] * c["D"] ** 2 / (4 * sqrt_d) for h in range(H)
+    ]
+    return eps, query
+
+
+@torch.no_grad()
+def aggregate_influence(
+    layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | None = None
+) -> Aggregate:
+    """Theorem ``bnd-thm-aggregate`` at ``x`` ``[T, C]``: measured aggregates and their bounds.
+
+    With ``X^h_ij = I + (u_j − ū^h_i) (W_K^hᵀ q^h_i)ᵀ / sqrt(d)`` every block is
+    ``J_ij = Σ_h α^h_ij M^h X^h_ij`` (``j ≠ i``) and ``‖X^h_ij − I‖ ≤ ε^h_i``, so::
+
+        off_sum ≤ Σ_h (1 − α^h_ii) ν_h (1 + ε^h_i),  |off_sum − value_sum| ≤ Σ_h (1 − α^h_ii) ν_h ε^h_i,
+        |diag − ‖r I + Σ_h α^h_ii M^h‖| ≤ Σ_h (α^h_ii ν_h ε^h_i + ν_h ρ_h κ_h D² / (4 sqrt(d))),
+
+    with ``r = 1`` for a residual layer, else 0. Chapter ``book/bounds.ipynb``. Measured blocks
+    come from :func:`diagsink.jacobian.block_norms` (row chunks, so ``T = 1024`` fits).
+    """
+    _check(layer, x)
+    p = J._heads(layer, x, dropped)
+    norms = J.block_norms(layer, x, dropped)  # [T, T] per path
+    eye_T = torch.eye(x.shape[0], dtype=torch.bool, device=x.device)
+    off_sum = norms["total"].masked_fill(eye_T, 0).sum(-1)
+    value_sum = norms["value"].masked_fill(eye_T, 0).sum(-1)
+    diag = norms["total"].diagonal()
+    c = J.bound(layer, x, dropped).constants
+    eps_hat, qb = _apriori(c, layer.d_head)
+    nu = torch.tensor(c["nu"], dtype=x.dtype, device=x.device)[:, None]  # [H, 1]
+    a_ii, eps = p.alpha.diagonal(dim1=-2, dim2=-1), _eps(p)  # [H, T] each
+    eye_C = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
+    centre = float(layer.residual) * eye_C + torch.einsum("hi,hab->iab", a_ii, p.M)
+    centre = torch.linalg.matrix_norm(centre, ord=2)  # [T]: ‖r I + Σ_h α^h_ii M^h‖
+    diag_slack = (a_ii * nu * eps).sum(0) + sum(qb)
+    off_slack = ((1 - a_ii) * nu * eps).sum(0)
+    off_upper = torch.minimum(((1 - a_ii) * nu * (1 + eps)).sum(0), value_sum + off_slack)
+    off_lower = (value_sum - off_slack).clamp_min(0)
+    diag_lower, diag_upper = (centre - diag_slack).clamp_min(0), centre + diag_slack
+    return Aggregate(
+        off_sum=off_sum,
+        diag=diag,
+        share=_ratio(diag, diag + off_sum),
+        value_sum=value_sum,
+        alpha_diag=a_ii,
+        eps=eps,
+        eps_apriori=eps_hat,
+        query_bound=qb,
+        off_lower=off_lower,
+        off_upper=off_upper,
+        diag_lower=diag_lower,
+        diag_upper=diag_upper,
+        share_lower=_ratio(diag_lower, diag_lower + off_upper),
+        share_upper=_ratio(diag_upper, diag_upper + off_lower),
+        nu=list(c["nu"]),
+        nu_layer=float(torch.linalg.matrix_norm(p.M.sum(0), ord=2)),
+        residual=bool(layer.residual),
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# the minimal counterexample and the directional bound
+# ----------------------------------------------------------------------------------------
+def uniform_counterexample(T: int) -> tuple[TemporalAttention, torch.Tensor]:
+    """The book's minimal counterexample: uniform attention with a large query term.
+
+    ``C = 2``, one head, no biases, no ``W_O``, ``W_V = W_K = I``, ``W_Q`` swaps the two
+    channels; the tokens alternate ``+√2 e₁, −√2 e₁`` (``T`` even). Every logit is
+    ``q_iᵀ k_j / sqrt(2) = 0`` (queries lie along ``e₂``, keys along ``e₁``), so attention is
+    exactly uniform (``Δ = 0``), yet ``G_i = √2 e₁ e₂ᵀ`` reaches the coupling bound
+    ``(ν/2) Δ̂ = √2``. Returns ``(layer, x)`` with ``x`` ``[T, 2]`` (float64, eval mode).
+    Chapter ``book/bounds.ipynb``.
+    """
+    if not (isinstance(T, int) and T >= 2 and T % 2 == 0):
+        raise ConfigError(
+            f"T={T!r}: the counterexample alternates two tokens; pass an even T >= 2."
+        )
+    layer = TemporalAttention(2, 1, bias=False, out_proj=False).to(torch.float64).eval()
+    swap = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    with torch.no_grad():
+        layer.v_proj.weight.copy_(torch.eye(2, dtype=torch.float64))
+        layer.k_proj.weight.copy_(torch.eye(2, dtype=torch.float64))
+        layer.q_proj.weight.copy_(swap)
+    signs = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(T // 2)
+    x = torch.zeros(T, 2, dtype=torch.float64)
+    x[:, 0] = math.sqrt(2.0) * signs
+    return layer, x
+
+
+@torch.no_grad()
+def directional_query(
+    layer: TemporalAttention, z: torch.Tensor, w: torch.Tensor, w0: torch.Tensor | None = None
+) -> tuple[torch.Tensor, list[float]]:
+    """The query term along the direction a scalar input moves, and its bound.
+
+    Tokens ``u_m = z_m w + w₀`` (a scalar series ``z`` ``[T]`` embedded by ``w``, ``w₀`` ``[C]``,
+    as ``Linear(1→C)`` embeds speed). Returns ``‖G^h_i w‖`` ``[H, T]`` and, per head, the bound
+    ``½ ‖M^h w‖ Δ^h`` with ``Δ^h`` the *measured* spread of the content logits
+    ``q_iᵀ k_m / sqrt(d)`` (proposition ``bnd-prop-directional`` of ``book/bounds.ipynb``).
+    """
+    if layer.pos.kind is not None:
+        raise ConfigError(
+            "a positional encoding moves the tokens off the line z w + w0; build the layer with pos_encoding=None."
+        )
+    if z.dim() != 1 or w.shape != (layer.d_model,):
+        raise ConfigError(
+            f"z has shape {tuple(z.shape)}, w {tuple(w.shape)}; pass z [T] and w [C] with C = {layer.d_model}."
+        )
+    x = z[:, None] * w + (torch.zeros_like(w) if w0 is None else w0)
+    G = head_query_blocks(layer, x)  # [H, T, C, C]
+    p = J._heads(layer, x, None)
+    content = p.q @ p.k.transpose(-1, -2) * p.scale  # [H, T, T]
+    spread = (content.amax(-1) - content.amin(-1)).amax(-1)  # [H]
+    Mw = torch.linalg.vector_norm(p.M @ w, dim=-1)  # [H]
+    return torch.linalg.vector_norm(G @ w, dim=-1), [
+        float(0.5 * Mw[h] * spread[h]) for h in range(len(spread))
+    ]

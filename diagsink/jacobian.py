@@ -345,7 +345,8 @@ def bound(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | Non
     * averaged over ``j ≠ i``: value ``Σ_h ν_h / (T − 1)``, key ``Σ_h ν_h κ_h Q_h D / sqrt(d) / (T − 1)``;
     * diagonal: residual 1 (0 without residual), value ``Σ_h a'_h ν_h``, key
       ``Σ_h a'_h ν_h κ_h Q_h D / sqrt(d)`` (``a'_h = 0`` when every diagonal entry is masked),
-      query ``Σ_h ν_h ρ_h κ_h V / sqrt(d)`` -- no ``α_ii`` factor;
+      query ``Σ_h ν_h ρ_h κ_h D² / (4 sqrt(d))`` -- no ``α_ii`` factor (Popoviciu's
+      inequality; ``D²/4 ≤ V``, the cruder variance bound kept in ``constants``);
     * ``diag_lower = 1 − (value + key + query)`` diagonal bounds (residual layers only).
 
     ``constants`` also holds the a-priori spread ``Δ_h ≤ Q_h κ_h D / sqrt(d) + |penalty|``,
@@ -397,7 +398,7 @@ def bound(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | Non
         "residual": 1.0 if layer.residual else 0.0,
         "value": sum(a_diag[h] * nu[h] for h in range(H)),
         "key": sum(a_diag[h] * key_c[h] for h in range(H)),
-        "query": sum(nu[h] * rho[h] * kappa[h] * V / sqrt_d for h in range(H)),
+        "query": sum(nu[h] * rho[h] * kappa[h] * D**2 / (4 * sqrt_d) for h in range(H)),
     }
     diag["total"] = sum(diag[name] for name in PATHS)
     rest = diag["value"] + diag["key"] + diag["query"]

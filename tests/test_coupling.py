@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diagsink import coupling as CP
+from diagsink import depth, toy
 from diagsink import jacobian as J
-from diagsink import toy
 from diagsink.attention import TemporalAttention
 from diagsink.errors import ConfigError
 
@@ -114,3 +114,138 @@ def test_layernorm_is_refused():
     layer = TemporalAttention(8, 1, norm="post").to(f64).eval()
     with pytest.raises(ConfigError, match="LayerNorm"):
         CP.coupling_bounds(layer, torch.zeros(3, 8, dtype=f64))
+
+
+# ---- theorem bnd-thm-aggregate: the other steps' aggregate influence --------------------
+def _within(lo: torch.Tensor, v: torch.Tensor, hi: torch.Tensor) -> bool:
+    tol = 1e-9 * (1 + v.abs())
+    return bool(((lo - tol) <= v).all() and (v <= hi + tol).all())
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    T=st.sampled_from([2, 3, 6, 9]),
+    shape=st.sampled_from([(4, 1), (6, 2), (8, 4)]),
+    scale=st.sampled_from([0.1, 0.5, 1.0, 3.0]),
+    bias=st.booleans(),
+    residual=st.booleans(),
+    diag=st.sampled_from([None, "mask", "penalty"]),
+    pe=st.sampled_from([None, "sinusoidal"]),
+    seed=st.integers(0, 10_000),
+)
+def test_aggregate_bounds_hold_and_measure_the_autograd_jacobian(
+    T, shape, scale, bias, residual, diag, pe, seed
+):
+    C, H = shape
+    layer = toy.init_layer(
+        C, H, qk_scale=scale, seed=seed, bias=bias, residual=residual, diag=diag, pos_encoding=pe
+    )
+    x = toy.gaussian_inputs(T, C, torch.Generator().manual_seed(seed))
+    agg = CP.aggregate_influence(layer, x)
+    norms = torch.linalg.matrix_norm(J.autograd_jacobian(layer, x).permute(0, 2, 1, 3), ord=2)
+    eye = torch.eye(T, dtype=torch.bool)
+    torch.testing.assert_close(agg.off_sum, norms.masked_fill(eye, 0).sum(-1))
+    torch.testing.assert_close(agg.diag, norms.diagonal())
+    assert _within(agg.off_lower, agg.off_sum, agg.off_upper)
+    assert _within(agg.diag_lower, agg.diag, agg.diag_upper)
+    assert _within(agg.share_lower, agg.share, agg.share_upper)
+    assert all(float(agg.eps[h].max()) <= agg.eps_apriori[h] * (1 + REL) for h in range(H))
+
+
+@pytest.mark.parametrize("scale", [0.1, 0.5, 2.0])
+def test_one_head_form_with_the_apriori_spread(scale):
+    # one head: value_sum = (1 − α_ii) ν exactly, and the off-diagonal aggregate lies within
+    # (1 − α_ii) ν (1 ± Δ̂); with the penalty Δ̂ includes |β|, so the bound holds a fortiori
+    layer = toy.init_layer(16, 1, qk_scale=scale, seed=2, diag="penalty", diag_penalty=-0.4)
+    x = toy.sphere_inputs(24, 16, torch.Generator().manual_seed(2))
+    agg = CP.aggregate_influence(layer, x)
+    dhat = J.bound(layer, x).constants["delta_apriori"][0]
+    base = (1 - agg.alpha_diag[0]) * agg.nu[0]
+    torch.testing.assert_close(agg.value_sum, base, rtol=1e-12, atol=1e-12)
+    assert _within(base * (1 - dhat), agg.off_sum, base * (1 + dhat))
+
+
+def test_share_tends_to_one_over_one_plus_nu():
+    # near-uniform attention on bounded inputs: α_ii ~ 1/T and ε ≈ 0.02, so the share moves
+    # towards 1/(1 + ν) as T grows and ends within 0.01 of it (measured 0.604 -> 0.5645 at
+    # T = 8 -> 64 against 0.559); a residual-free layer's share falls like 1/T instead
+    gaps, plain = [], []
+    for T in (8, 64, 256):
+        x = toy.sphere_inputs(T, 16, torch.Generator().manual_seed(0))
+        agg = CP.aggregate_influence(toy.init_layer(16, 1, qk_scale=0.1, seed=0), x)
+        gaps.append(float(agg.share.mean()) - agg.limit)
+        flat = CP.aggregate_influence(
+            toy.init_layer(16, 1, qk_scale=0.1, seed=0, residual=False), x
+        )
+        plain.append(float(flat.share.mean()) * T)
+        assert flat.limit == 0.0
+    assert gaps[0] > gaps[1] > gaps[2] > 0 and gaps[-1] < 0.01, gaps
+    assert all(0.5 < v < 2 for v in plain), plain  # share ≈ 1/T without the residual
+
+
+@pytest.mark.parametrize("T", [4, 32])
+def test_averaging_layer_is_the_baseline(T):
+    # y_i = x_i + mean_j x_j: J_ii = (1 + 1/T) I, J_ij = I/T, ν = 1, ε = 0: the bounds are exact
+    layer = depth.averaging_layer(6)
+    agg = CP.aggregate_influence(layer, toy.sphere_inputs(T, 6, torch.Generator().manual_seed(0)))
+    share = (1 + 1 / T) / 2  # ‖J_ii‖ + Σ_{j≠i} ‖J_ij‖ = (1 + 1/T) + (T − 1)/T = 2
+    torch.testing.assert_close(agg.share, torch.full((T,), share, dtype=f64))
+    torch.testing.assert_close(agg.share_lower, agg.share_upper)
+    assert agg.nu_layer == pytest.approx(1.0) and agg.limit == pytest.approx(0.5)
+
+
+def test_sink_needs_the_diagonal_weight_or_a_small_value_map():
+    x = toy.sphere_inputs(32, 8, torch.Generator().manual_seed(1))
+    base = CP.aggregate_influence(toy.init_layer(8, 1, qk_scale=0.1, seed=1), x)
+    assert float(base.share.min()) < 0.8  # no sink at near-uniform attention
+    pulled = toy.init_layer(8, 1, qk_scale=0.1, seed=1, diag="penalty", diag_penalty=12.0)
+    tiny = toy.init_layer(8, 1, qk_scale=0.1, seed=1)
+    with torch.no_grad():
+        tiny.v_proj.weight.mul_(1e-3)
+    for layer in (pulled, tiny):  # α_ii -> 1, or ν -> 0
+        agg = CP.aggregate_influence(layer, x)
+        assert float(agg.share.min()) > 0.99
+        assert float(((1 - agg.alpha_diag[0]) * agg.nu[0]).max()) < 0.01
+
+
+# ---- the minimal counterexample and the directional bound --------------------------------
+@pytest.mark.parametrize("T", [4, 16, 256])
+def test_uniform_attention_with_the_largest_query_term(T):
+    layer, x = CP.uniform_counterexample(T)
+    b = J.bound(layer, x)
+    assert b.constants["delta"][0] == 0.0 and b.diag_lower == 0.0  # Δ = 0, ℓ vacuous
+    norms = CP.head_query_norms(layer, x)
+    cb = CP.coupling_bounds(layer, x)
+    torch.testing.assert_close(norms, torch.full_like(norms, math.sqrt(2)))
+    assert cb.half_spread[0] == pytest.approx(math.sqrt(2), rel=1e-12)  # the bound is attained
+    e1 = torch.tensor([1.0, 0.0], dtype=f64)
+    z = x[:, 0] / math.sqrt(2)
+    along, bound = CP.directional_query(layer, z, math.sqrt(2) * e1)
+    assert float(along.abs().max()) < 1e-12 and bound[0] == 0.0  # along the tokens: nothing
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=st.sampled_from([(4, 1), (8, 2), (16, 4)]),
+    scale=st.sampled_from([0.3, 1.0, 3.0]),
+    diag=st.sampled_from([None, "mask", "penalty"]),
+    T=st.sampled_from([3, 12, 40]),
+    seed=st.integers(0, 10_000),
+)
+def test_directional_bound_uses_the_measured_spread(shape, scale, diag, T, seed):
+    C, H = shape
+    layer = toy.init_layer(C, H, qk_scale=scale, seed=seed, diag=diag)
+    g = torch.Generator().manual_seed(seed)
+    z, w, w0 = (torch.randn(n, generator=g, dtype=f64) for n in (T, C, C))
+    along, bound = CP.directional_query(layer, z, w, w0)
+    for h in range(H):
+        assert float(along[h].max()) <= bound[h] * (1 + REL) + 1e-15
+
+
+@pytest.mark.bad_input
+def test_counterexample_and_directional_refuse_bad_input():
+    with pytest.raises(ConfigError, match="even T"):
+        CP.uniform_counterexample(5)
+    layer = toy.init_layer(4, 1, pos_encoding="sinusoidal")
+    with pytest.raises(ConfigError, match="positional"):
+        CP.directional_query(layer, torch.zeros(3, dtype=f64), torch.ones(4, dtype=f64))
