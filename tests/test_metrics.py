@@ -187,6 +187,29 @@ def test_baseline_table_on_a_periodic_series():
     )
 
 
+def test_linear_forecaster_is_exact_on_a_sinusoid_and_time_of_week_ha_on_a_weekly_series():
+    """A sinusoid's future is an affine map of two past values, so the fitted per-sensor linear
+    model forecasts it exactly; a series that repeats every week (but not every day) is forecast
+    exactly by the time-of-week HA and not by the weekday/weekend HA."""
+    from diagsink.data import baselines as B
+    from diagsink.data import windows as P
+
+    ts = _calendar(28)
+    t = np.arange(len(ts))
+    speed = 50 + np.stack([10 * np.sin(t / 37.0), 5 * np.cos(t / 11.0 + 1)], axis=1)
+    splits = P.split_windows(len(ts))
+    w = B.fit_linear(speed, splits.train, ridge=1e-12)
+    pred = B.linear_forecaster(speed, w, splits.test)
+    target = P.gather(torch.as_tensor(speed), splits.test, 12, offset=12).numpy()
+    np.testing.assert_allclose(pred, target, atol=1e-6)
+
+    week = 60 - 10 * np.sin(np.arange(7 * 288) / (7 * 288) * 2 * np.pi)
+    weekly = np.tile(week, 4)[:, None] * np.array([1.0, 0.9])[None, :]
+    out = B.baseline_table(weekly, ts, splits)
+    assert out.loc["historical average (time of week)", "MAE@12"] == pytest.approx(0.0, abs=1e-9)
+    assert out.loc["historical average", "MAE@12"] > 0.1
+
+
 # ---------------------------------------------------------------- exercise checks of book/metr_la.ipynb
 def test_exercise_checks_pass_the_reference_and_hint_typical_mistakes():
     from diagsink.exercises import check
