@@ -7,11 +7,14 @@ run killed half-way never leaves a half-written file under the final name.
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import os
 import tempfile
 from pathlib import Path
+
+from .errors import ConfigError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "sha256_file", "ensure_writable_dir"]
 
@@ -68,13 +71,29 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         os.replace(tmp, path)
         _fsync_folder(folder)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(
+            exc, OSError
+        ):  # a full disk, a quota, an I/O error: name the file and the fix
+            raise _write_error(exc, path) from exc
         raise
     return path
+
+
+def _write_error(exc: OSError, path: Path) -> OSError:
+    """``exc`` again (same type and errno), its message naming ``path`` and the fix."""
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        fix = "free space on that disk (the old file, if any, is intact) or choose another folder"
+    else:
+        fix = "check the disk and its permissions or choose another folder"
+    return type(exc)(
+        exc.errno,
+        f"cannot write {path}: {exc.strerror or exc}. Fix: {fix} (e.g. with --out or DIAGSINK_DATA).",
+    )
 
 
 def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
@@ -118,10 +137,16 @@ def ensure_writable_dir(path: str | os.PathLike[str], option: str = "--out") -> 
     fool it), so a probe file is really created and removed.
 
     Raises:
+        ConfigError: ``path`` is empty (an empty ``--out ""`` would mean the current folder unasked).
         NotADirectoryError: the path, or a folder above it, is a file.
         PermissionError: the folder cannot be created or written; the message names it, ``option``
             (the setting that chose it) and the fix.
     """
+    if not str(path).strip():
+        raise ConfigError(
+            f"{option} is empty; it names a folder. Fix: pass a folder, e.g. {option} results "
+            f"(or {option} . for the current folder)."
+        )
     folder = Path(os.path.abspath(path))
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:

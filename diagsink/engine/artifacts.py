@@ -37,6 +37,7 @@ __all__ = [
     "METRIC_KEYS",
     "ArtifactError",
     "checksum",
+    "artifact_json",
     "write_artifact",
     "validate_artifact",
     "load_artifact",
@@ -212,14 +213,42 @@ def _check_sensitivity(sens: Any, t_in: int, depth: int) -> None:
         )
 
 
-def write_artifact(path: str | Path, artifact: dict[str, Any]) -> Path:
-    """Add the checksum, validate, and write ``artifact`` atomically as JSON."""
+def _non_finite(obj: Any, where: str = "") -> str | None:
+    """The dotted path of the first NaN or infinity in ``obj`` (``None`` when every number is finite)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return where or "(top level)"
+    items = (
+        obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    )
+    for key, value in items:
+        found = _non_finite(value, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def artifact_json(artifact: dict[str, Any]) -> str:
+    """The text :func:`write_artifact` writes: ``artifact`` with its checksum, validated, as JSON.
+
+    Raises:
+        ArtifactError: the artifact is invalid or holds a NaN or an infinity (JSON has none),
+            naming the field; nothing is written, so a run never leaves a state dict without it.
+    """
+    bad = _non_finite(artifact)
+    if bad is not None:
+        raise ArtifactError(
+            f"artifact field {bad} is not a finite number, which JSON cannot hold; nothing was written. "
+            "Fix: check the run's configuration and data (`diagsink data verify`) and train again."
+        )
     art = dict(artifact)
     art["checksum"] = checksum(art)
     validate_artifact(art)
-    return atomic_write_text(
-        path, json.dumps(art, indent=1, sort_keys=True, allow_nan=False) + "\n"
-    )
+    return json.dumps(art, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_artifact(path: str | Path, artifact: dict[str, Any]) -> Path:
+    """Add the checksum, validate, and write ``artifact`` atomically as JSON (:func:`artifact_json`)."""
+    return atomic_write_text(path, artifact_json(artifact))
 
 
 def load_artifact(path: str | Path) -> dict[str, Any]:

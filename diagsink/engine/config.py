@@ -11,7 +11,10 @@ optimiser, schedule, early stopping, data split. Three ship with the package
 
 :func:`load_config` returns a plain nested ``dict``; a misspelt key, a missing key or an
 unknown protocol raises :class:`~diagsink.errors.ConfigError` naming the key and the allowed
-ones. A few keys are *optional* (:data:`OPTIONAL`): a protocol may leave them out, which
+ones; so does every number outside its range (:data:`RANGES`: finite, positive where zero or a
+negative value makes no sense, probabilities in [0, 1), a bounded diagonal penalty), a key given
+twice in one mapping of the file, and a file that calls itself by a shipped protocol's name but
+holds other contents (rename it ``custom-...``). A few keys are *optional* (:data:`OPTIONAL`): a protocol may leave them out, which
 means their default, and :func:`config_hash` ignores them when they hold the default, so a
 config that spells out a default hashes like one that leaves it out (committed artifacts made
 before such a key existed stay current). Explained in the chapter "The T&S model and its
@@ -42,6 +45,8 @@ __all__ = [
     "OPTIONAL",
     "MISSING_INPUTS",
     "GRAPH_LAYERS",
+    "RANGES",
+    "PENALTY_BOUND",
     "load_config",
     "validate_config",
     "override",
@@ -78,12 +83,13 @@ SCHEMA: dict[str, Any] = {
         "min_lr": _NUM,
         "warmup_epochs": int,
         "weight_decay": _NUM,
-        "clip": _NUM,
+        "clip": (*_NUM, type(None)),
         "patience": int,
         "min_delta": _NUM,
         "max_train_windows": (int, type(None)),
         "time_limit_s": (*_NUM, type(None)),
         "epoch_parts": int,
+        "compile": bool,
     },
     "data": {
         "split_order": str,
@@ -99,14 +105,15 @@ SCHEMA: dict[str, Any] = {
 #: ``"ts"`` (temporal attention then graph conv, the paper's) or ``"st"``; ``model.graph_layer``
 #: is one of :data:`GRAPH_LAYERS`. ``train.epoch_parts = k`` makes an epoch one k-th of a pass
 #: over the training windows: each pass draws one permutation and its k epochs take its k
-#: consecutive parts, so every window is used once per k epochs. ``data.speed_file`` names the
+#: consecutive parts, so every window is used once per k epochs. ``train.compile: true`` trains
+#: under ``torch.compile`` (the same function, opt-in). ``data.speed_file`` names the
 #: speed file in the data folder (``null``: the first of ``diagsink.data.SPEED_FILES``). ``data.missing_inputs``
 #: says how a missing input reading (speed 0) enters the model: ``"as_reading"`` scales the 0
 #: like any speed (about -mu/sigma), ``"mean"`` replaces it by the training mean (0 after
 #: scaling); see :data:`MISSING_INPUTS` and the METR-LA chapter.
 OPTIONAL: dict[str, Any] = {
     "model": {"block_order": "ts", "graph_layer": "diffusion"},
-    "train": {"epoch_parts": 1},
+    "train": {"epoch_parts": 1, "compile": False},
     "data": {"missing_inputs": "as_reading", "speed_file": None},
 }
 
@@ -118,6 +125,87 @@ GRAPH_LAYERS: tuple[str, ...] = ("diffusion", "released")
 
 #: The choices of ``data.missing_inputs``.
 MISSING_INPUTS: tuple[str, ...] = ("as_reading", "mean")
+
+
+#: ``|regularizers.diag_penalty|`` at most this: ``exp(-100)`` (about 4e-44) is below float32's
+#: smallest number, so a larger penalty changes nothing a float32 softmax can represent and only
+#: risks overflow in the logits (``tests/test_reliability.py`` runs the layer at both ends).
+PENALTY_BOUND = 100.0
+
+
+#: The allowed range of every numeric key: dotted key -> (low, high, low allowed, high allowed,
+#: the fix). Every number must also be finite; a key whose type allows ``null`` (see
+#: :data:`SCHEMA`) may be null instead. ``regularizers.diag_penalty`` is bounded by
+#: :data:`PENALTY_BOUND`. :func:`validate_config` checks them before anything runs.
+RANGES: dict[str, tuple[float, float, bool, bool, str]] = {
+    "model.d_model": (1, math.inf, True, False, "e.g. 16 (the model width)"),
+    "model.n_heads": (1, math.inf, True, False, "e.g. 2 (a divisor of model.d_model)"),
+    "model.depth": (1, math.inf, True, False, "e.g. 2 (the number of blocks)"),
+    "model.dropout": (0, 1, True, False, "e.g. 0.1 (a probability)"),
+    "model.graph_order": (1, math.inf, True, False, "e.g. 2 (diffusion steps)"),
+    "model.node_embed_dim": (1, math.inf, True, False, "e.g. 10"),
+    "model.t_in": (1, math.inf, True, False, "e.g. 12 (input steps)"),
+    "model.t_out": (1, math.inf, True, False, "e.g. 12 (forecast steps)"),
+    "regularizers.diag_p": (0, 1, True, False, "e.g. 0.2 (a probability)"),
+    "regularizers.diag_penalty": (
+        -PENALTY_BOUND,
+        PENALTY_BOUND,
+        True,
+        True,
+        "e.g. -0.1 (for a diagonal that is never attended use the variant 'mask')",
+    ),
+    "train.epochs": (1, math.inf, True, False, "e.g. 30"),
+    "train.batch_size": (1, math.inf, True, False, "e.g. 16"),
+    "train.eval_batch_size": (1, math.inf, True, False, "e.g. 128"),
+    "train.lr": (0, 1, False, True, "e.g. 5e-3"),
+    "train.min_lr": (0, 1, False, True, "e.g. 1e-5 (at most train.lr)"),
+    "train.warmup_epochs": (0, math.inf, True, False, "e.g. 1 (fewer than train.epochs)"),
+    "train.weight_decay": (0, 1, True, False, "e.g. 0.01 (AdamW's decoupled weight decay)"),
+    "train.clip": (
+        0,
+        math.inf,
+        False,
+        False,
+        "e.g. 5.0 (a gradient norm), or null for no clipping",
+    ),
+    "train.patience": (1, math.inf, True, False, "e.g. 5 (epochs without improvement)"),
+    "train.min_delta": (0, math.inf, True, False, "e.g. 1e-4 (mph of validation MAE)"),
+    "train.max_train_windows": (1, math.inf, True, False, "e.g. 256, or null for all windows"),
+    "train.time_limit_s": (0, math.inf, False, False, "e.g. 3600 (seconds), or null for no limit"),
+    "train.epoch_parts": (1, math.inf, True, False, "e.g. 1 (a whole pass per epoch) or 2"),
+    "seeds": (1, math.inf, True, False, "e.g. 4"),
+}
+
+
+def _interval(low: float, high: float, low_in: bool, high_in: bool) -> str:
+    return f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+
+
+def _check_ranges(cfg: dict[str, Any]) -> None:
+    """Every number finite and inside :data:`RANGES` (one line naming key, value, range and fix)."""
+    for dotted, (low, high, low_in, high_in, fix) in RANGES.items():
+        node: Any = cfg
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        if (
+            leaf not in node or node[leaf] is None
+        ):  # an optional key left out, or null where allowed
+            continue
+        value = node[leaf]
+        inside = math.isfinite(value) and (
+            (low < value or (low_in and value == low))
+            and (value < high or (high_in and value == high))
+        )
+        if not inside:
+            kinds = SCHEMA[parents[0]][leaf] if parents else SCHEMA[leaf]
+            nullable = isinstance(kinds, tuple) and type(None) in kinds
+            allowed = _interval(low, high, low_in, high_in) + (" or null" if nullable else "")
+            what = "finite and in " if not math.isfinite(value) else "in "
+            raise ConfigError(
+                f"config key {dotted} = {value!r} is out of range: it must be {what}{allowed}. "
+                f"Fix: set {dotted} to {fix}."
+            )
 
 
 def _check(
@@ -170,14 +258,10 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"data.missing_inputs = {missing!r} is not known; choose one of {', '.join(MISSING_INPUTS)}."
         )
-    m, t, r, d = cfg["model"], cfg["train"], cfg["regularizers"], cfg["data"]
+    m, t, d = cfg["model"], cfg["train"], cfg["data"]
     if m.get("graph_layer", "diffusion") not in GRAPH_LAYERS:
         raise ConfigError(
             f"model.graph_layer = {m['graph_layer']!r} is not known; choose one of {', '.join(GRAPH_LAYERS)}."
-        )
-    if t.get("epoch_parts", 1) < 1:
-        raise ConfigError(
-            f"train.epoch_parts = {t['epoch_parts']} must be >= 1 (1 = a whole pass per epoch)."
         )
     speed_file = d.get("speed_file")
     if speed_file is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.h5", speed_file):
@@ -195,9 +279,7 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
             f"protocol {cfg['protocol']!r} is not known; choose one of {', '.join(PROTOCOLS)} "
             "(or name your own file's protocol 'custom-...')."
         )
-    for key in ("d_model", "n_heads", "depth", "graph_order", "node_embed_dim", "t_in", "t_out"):
-        if m[key] < 1:
-            raise ConfigError(f"config key model.{key} = {m[key]} must be >= 1.")
+    _check_ranges(cfg)
     if m["d_model"] % m["n_heads"]:
         raise ConfigError(
             f"model.d_model = {m['d_model']} must be divisible by model.n_heads = {m['n_heads']}."
@@ -206,57 +288,62 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"model.pos_encoding = {m['pos_encoding']!r}; allowed: {POSITIONAL_OPTIONS}."
         )
-    if not 0 <= m["dropout"] < 1 or not 0 <= r["diag_p"] < 1:
-        raise ConfigError("model.dropout and regularizers.diag_p must be probabilities in [0, 1).")
-    if not math.isfinite(r["diag_penalty"]):
-        raise ConfigError("regularizers.diag_penalty must be finite.")
-    for key in ("epochs", "batch_size", "eval_batch_size"):
-        if t[key] < 1:
-            raise ConfigError(f"config key train.{key} = {t[key]} must be >= 1.")
-    if not 0 < t["min_lr"] <= t["lr"]:
-        raise ConfigError(f"need 0 < train.min_lr <= train.lr; got {t['min_lr']} and {t['lr']}.")
-    if not 0 <= t["warmup_epochs"] < t["epochs"]:
+    if t["min_lr"] > t["lr"]:
         raise ConfigError(
-            f"train.warmup_epochs = {t['warmup_epochs']} must be in [0, train.epochs)."
+            f"config key train.min_lr = {t['min_lr']} is above train.lr = {t['lr']}: the cosine would "
+            "rise. Fix: set train.min_lr <= train.lr."
         )
-    if t["max_train_windows"] is not None and t["max_train_windows"] < 1:
-        raise ConfigError("train.max_train_windows must be null (all windows) or >= 1.")
-    if t["time_limit_s"] is not None and t["time_limit_s"] <= 0:
-        raise ConfigError("train.time_limit_s must be null (no limit) or > 0 seconds.")
+    if t["warmup_epochs"] >= t["epochs"]:
+        raise ConfigError(
+            f"config key train.warmup_epochs = {t['warmup_epochs']} must be in [0, train.epochs = "
+            f"{t['epochs']}). Fix: fewer warm-up epochs or more epochs."
+        )
     if d["split_order"] not in ("dcrnn", "split-first"):
         raise ConfigError(f"data.split_order = {d['split_order']!r}; allowed: dcrnn, split-first.")
-    ratios_ok = all(is_real(x) and x >= 0 for x in d["ratios"])
+    ratios_ok = all(is_real(x) and math.isfinite(x) and x >= 0 for x in d["ratios"])
     if len(d["ratios"]) != 3 or not ratios_ok or abs(sum(d["ratios"]) - 1) > 1e-9:
         raise ConfigError(
             f"data.ratios = {d['ratios']} must be three fractions (train, val, test) summing to 1."
         )
-    if cfg["seeds"] < 1:
-        raise ConfigError("seeds must be >= 1.")
     return cfg
 
 
-def load_config(protocol: str | Path) -> dict[str, Any]:
-    """Load and validate a protocol by name (``"paper"``, ``"book"``, ``"quick"``) or from a YAML path."""
-    text: str
-    if isinstance(protocol, Path) or str(protocol).endswith((".yaml", ".yml")):
-        path = Path(protocol)
-        if not path.is_file():
-            raise ConfigError(
-                f"config file {path} does not exist; pass one of {', '.join(PROTOCOLS)} or a YAML path."
-            )
-        text = path.read_text(encoding="utf-8")
-    else:
-        if protocol not in PROTOCOLS:
-            raise ConfigError(
-                f"protocol {protocol!r} is not known; choose one of {', '.join(PROTOCOLS)}."
-            )
-        text = (
-            resources.files("diagsink")
-            .joinpath("configs", f"{protocol}.yaml")
-            .read_text(encoding="utf-8")
-        )
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping in a protocol file names one key twice (raised by :class:`_UniqueKeyLoader`)."""
+
+    def __init__(self, key: Any, first: int, second: int) -> None:
+        super().__init__(f"key {key!r} is given twice (lines {first} and {second})")
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with a repeated key (plain YAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+            except TypeError:  # an unhashable key: the base loader reports it
+                continue
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _parse(text: str, protocol: str | Path) -> Any:
+    """The YAML ``text`` of ``protocol``; bad YAML and repeated keys raise :class:`ConfigError`."""
+    loader = _UniqueKeyLoader(text)  # what yaml.load does, with the safe loader named here
     try:
-        cfg = yaml.safe_load(text)
+        return loader.get_single_data()
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            f"config {protocol}: {exc}; YAML would silently keep the last one. Fix: remove one of them."
+        ) from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -265,7 +352,57 @@ def load_config(protocol: str | Path) -> dict[str, Any]:
             f"config {protocol} is not valid YAML ({problem}{where}). Fix the file (compare with "
             "diagsink/configs/quick.yaml) or pass one of " + ", ".join(PROTOCOLS) + "."
         ) from exc
-    return validate_config(cfg)
+    finally:
+        loader.dispose()
+
+
+def _first_difference(a: Any, b: Any, where: str = "") -> str:
+    """The first dotted key where the configs ``a`` and ``b`` differ (defaults of OPTIONAL dropped)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return _first_difference(a.get(key), b.get(key), f"{where}.{key}" if where else key)
+    return f"{where} = {a!r} (shipped: {b!r})"
+
+
+def _shipped(name: str) -> dict[str, Any]:
+    text = (
+        resources.files("diagsink").joinpath("configs", f"{name}.yaml").read_text(encoding="utf-8")
+    )
+    return validate_config(_parse(text, name))
+
+
+def load_config(protocol: str | Path) -> dict[str, Any]:
+    """Load and validate a protocol by name (``"paper"``, ``"book"``, ``"quick"``) or from a YAML path.
+
+    A file that names itself after a shipped protocol (:data:`PROTOCOLS`) must hold exactly that
+    protocol: otherwise its results would land in the shipped protocol's results folder.
+    """
+    if isinstance(protocol, Path) or str(protocol).endswith((".yaml", ".yml")):
+        path = Path(protocol)
+        if not path.is_file():
+            raise ConfigError(
+                f"config file {path} does not exist; pass one of {', '.join(PROTOCOLS)} or a YAML path."
+            )
+        cfg = validate_config(_parse(path.read_text(encoding="utf-8"), path))
+        name = cfg["protocol"]
+        if name in PROTOCOLS:
+            shipped = _shipped(name)
+            if config_hash(cfg) != config_hash(shipped):
+                diff = _first_difference(
+                    _without_defaults(cfg, OPTIONAL), _without_defaults(shipped, OPTIONAL)
+                )
+                raise ConfigError(
+                    f"config file {path} calls itself protocol {name!r}, which ships with diagsink, but "
+                    f"differs from it ({diff}); its results would mix with the shipped ones. Fix: rename "
+                    f"its protocol to 'custom-{name}' (any name starting with 'custom-')."
+                )
+        return cfg
+    if protocol not in PROTOCOLS:
+        raise ConfigError(
+            f"protocol {protocol!r} is not known; choose one of {', '.join(PROTOCOLS)}."
+        )
+    return _shipped(str(protocol))
 
 
 def override(cfg: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

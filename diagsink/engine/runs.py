@@ -37,6 +37,7 @@ __all__ = [
     "RunState",
     "resume_checkpoint",
     "write_checkpoint",
+    "keep_finished",
     "reproduce",
 ]
 
@@ -180,12 +181,32 @@ def _supersede(paths: dict[str, Path], old_hash: str) -> Path:
     """
     folder = paths["json"].parent / "superseded"
     folder.mkdir(parents=True, exist_ok=True)
-    tag = str(old_hash)[:12]
+    tag = base = str(old_hash)[:12]
+    n = 1
+    while any(  # a run of the same configuration superseded before keeps its place too
+        (folder / f"{paths[k].stem}.{tag}{paths[k].suffix}").exists() for k in ("json", "state")
+    ):
+        n += 1
+        tag = f"{base}-{n}"
     for key in ("json", "state"):
         src = paths[key]
         if src.exists():
             os.replace(src, folder / f"{src.stem}.{tag}{src.suffix}")
     return folder / f"{paths['json'].stem}.{tag}.json"
+
+
+def keep_finished(paths: dict[str, Path]) -> Path | None:
+    """Before a run's files are replaced: a valid artifact at ``paths["json"]`` (any configuration)
+    and its state dict move to ``<protocol>/superseded/`` (:func:`_supersede`); returns the kept
+    artifact's path, ``None`` when there was none (a damaged artifact is redone, as by :func:`reproduce`).
+    """
+    if not paths["json"].exists():
+        return None
+    try:
+        art = load_artifact(paths["json"])
+    except ArtifactError:
+        return None
+    return _supersede(paths, art["provenance"]["config_hash"])
 
 
 def reproduce(

@@ -30,6 +30,7 @@ Explained in the chapter "The T&S model and its training loop" (``book/model.ipy
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import math
 import time
@@ -42,21 +43,22 @@ import torch
 from tqdm import tqdm
 
 from .. import __version__
-from .._io import atomic_write_bytes, sha256_file
+from .._io import atomic_write_bytes, atomic_write_text
 from ..data import load_metr_la
 from ..errors import ConfigError, DiagsinkError
 from ..metrics import horizon_metrics, masked_mae
 from ..model import TSModel
 from ..runtime import resolve_device
 from ..sparse import sparsify
-from .artifacts import SCHEMA_VERSION, write_artifact
-from .config import config_hash, load_config
+from .artifacts import SCHEMA_VERSION, artifact_json
+from .config import config_hash, load_config, validate_config
 from .distributed import context as distributed_context
 from .loop import fit_epoch
 from .prepare import Prepared, batch, prepare
 from .provenance import device_name, git_commit
 from .runs import (
     RunState,
+    keep_finished,
     resume_checkpoint,
     run_name,
     run_paths,
@@ -329,7 +331,7 @@ def train_model(
         ``(model, artifact)``: the trained :class:`TSModel` with the best-validation weights,
         and the artifact (see :mod:`diagsink.engine.artifacts`).
     """
-    cfg = load_config(cfg) if isinstance(cfg, str) else cfg
+    cfg = load_config(cfg) if isinstance(cfg, str) else validate_config(cfg)
     name = run_name(variant, seed)
     device_t = resolve_device(device)
     if device_t.type == "cuda":
@@ -458,9 +460,19 @@ def _state_bytes(model: torch.nn.Module) -> bytes:
 
 
 def _write_run(paths: dict[str, Path], artifact: dict[str, Any], model: TSModel) -> None:
-    """Write the state dict (if small), then the artifact naming its sha256; tidy the checkpoint."""
-    if artifact["state_dict"]["file"] is not None:
-        atomic_write_bytes(paths["state"], _state_bytes(model))
-        artifact["state_dict"]["sha256"] = sha256_file(paths["state"])
-    write_artifact(paths["json"], artifact)
+    """Write the state dict (if small), then the artifact naming its sha256; tidy the checkpoint.
+
+    The artifact is checked whole first (a NaN anywhere stops it before any file is written), and
+    a finished artifact already at its path is kept under ``superseded/``, never overwritten.
+    """
+    state = _state_bytes(model) if artifact["state_dict"]["file"] is not None else None
+    if state is not None:
+        artifact["state_dict"]["sha256"] = hashlib.sha256(state).hexdigest()
+    text = artifact_json(artifact)
+    kept = keep_finished(paths)
+    if kept is not None:
+        print(f"kept the earlier result at {paths['json']} as {kept}")
+    if state is not None:
+        atomic_write_bytes(paths["state"], state)
+    atomic_write_text(paths["json"], text)
     tidy_finished_run(paths)
