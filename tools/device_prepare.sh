@@ -7,8 +7,8 @@
 # It fills two git-ignored folders that the device call carries:
 #   .whl/      wheels the GPU machine lacks: PyTables and its compiled dependencies for its
 #              Python 3.12 (it has torch, numpy, pandas, pyyaml, tqdm, matplotlib already);
-#   .devdata/  the METR-LA files (the full metr-la.h5 when DIAGSINK_DATA has it, else the
-#              1026-step slice) and COMMIT, the commit of this tree (the copy there has no .git).
+#   .devdata/  the METR-LA files (every speed file DIAGSINK_DATA has: metr-la.h5, the
+#              1026-step slice, the 29-sensor full-length file) and COMMIT, the commit of this tree (the copy there has no .git).
 # Everything that travels must stay under 64 MiB; the script checks it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,10 +23,12 @@ for pkg in tables==3.11.1 blosc2==3.12.2 numexpr==2.14.2 ndindex==1.10.1 platfor
     "${platforms[@]}" -d .whl "$pkg" 2>&1 | grep -v "is ignored" || true
 done
 [ "$(ls .whl/*.whl | wc -l)" -eq 5 ] || { echo "error: expected 5 wheels in .whl, got: $(ls .whl)" >&2; exit 1; }
-speed="$DATA/metr-la.h5"
-[ -f "$speed" ] || speed="$DATA/metr-la_first1026steps.h5"
-[ -f "$speed" ] || { echo "error: no metr-la.h5 or metr-la_first1026steps.h5 in $DATA" >&2; exit 1; }
-cp "$speed" "$DATA/graph_sensor_ids.txt" "$DATA/graph_sensor_locations.csv" "$DATA/adj_mx.pkl" .devdata/metr-la/
+speeds=()
+for name in metr-la.h5 metr-la_first1026steps.h5 metr-la_29sensors_allsteps.h5; do
+  [ -f "$DATA/$name" ] && speeds+=("$DATA/$name")
+done
+[ ${#speeds[@]} -gt 0 ] || { echo "error: no metr-la speed file (.h5) in $DATA" >&2; exit 1; }
+cp "${speeds[@]}" "$DATA/graph_sensor_ids.txt" "$DATA/graph_sensor_locations.csv" "$DATA/adj_mx.pkl" .devdata/metr-la/
 "$PY" -c "from diagsink.engine.provenance import git_commit; print(git_commit())" > .devdata/COMMIT  # what artifacts record
 case "$(cat .devdata/COMMIT)" in
   *+dirty|unknown) echo "error: the tree has uncommitted changes (or no commit): commit first, so the GPU artifacts name the code that made them" >&2; exit 1 ;;

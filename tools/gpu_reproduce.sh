@@ -1,43 +1,67 @@
 #!/usr/bin/env bash
-# The one prepared GPU script: train the `book` protocol (5 variants x 4 seeds) on one GPU
-# (measured: about an hour on the full data, 2 minutes on the 1026-step slice; see the header
-# of diagsink/configs/book.yaml) and record provenance. Run it from the repository root on the machine
-# with the GPU:
+# Train the book's full-length protocols on one GPU in one call, offline, and record provenance.
+# Run it from the repository root on the machine with the GPU (no network needed: the data
+# folder and an installed environment must be there):
 #
 #     DIAGSINK_DATA=/path/to/metr-la tools/gpu_reproduce.sh [OUT_DIR]
 #
-# Artifacts go to OUT_DIR/book/ (default book/results/book/). `diagsink reproduce` skips
-# finished runs, so if the time cap below stops it, rerunning the script finishes the rest.
-# Every run trains the fixed 12 epochs of diagsink/configs/book.yaml (no per-run time cap).
+# Steps, in order (each `diagsink reproduce` skips finished runs and resumes an interrupted one,
+# so rerunning the script after the time cap finishes the rest):
+#   1. full29           5 variants x 4 seeds, the book model on all 34,272 steps of the
+#                       29-sensor file (diagsink/configs/full29.yaml);
+#   2. full29-released  (b) none, (d) dropout, (e) penalty x 4 seeds with the released graph layer;
+#   3. paper            the paper's model size and schedule on the same 29-sensor file
+#                       (--speed-file), 5 variants x PAPER_SEEDS seeds.
+# After each step every finished run gets its sensitivity field (`diagsink sensitivity`).
 #
-# Environment (defaults in brackets): PYTHON [python], PROTOCOL [book], SEEDS [4],
-# DEVICE [cuda], CAP [570] seconds for the whole reproduce (a dry run on a CPU:
-# PROTOCOL=quick SEEDS=1 DEVICE=cpu).
+# Environment (defaults in brackets): PYTHON [python], DEVICE [cuda], SEEDS [4],
+# PAPER_SEEDS [4], VARIANTS [all five], STEPS ["full29 full29-released paper"],
+# SPEED_FILE [metr-la_29sensors_allsteps.h5], CAP [570] seconds for the whole script.
+# A dry run on a CPU (tested by tests/test_artifacts.py):
+#     DEVICE=cpu STEPS=quick SEEDS=1 VARIANTS=none tools/gpu_reproduce.sh /tmp/out
 set -euo pipefail
 OUT="${1:-book/results}"
 PY="${PYTHON:-python}"
-PROTOCOL="${PROTOCOL:-book}"
-SEEDS="${SEEDS:-4}"
 DEVICE="${DEVICE:-cuda}"
+SEEDS="${SEEDS:-4}"
+PAPER_SEEDS="${PAPER_SEEDS:-4}"
+VARIANTS="${VARIANTS:-no_residual,none,mask,dropout,penalty}"
+STEPS="${STEPS:-full29 full29-released paper}"
+SPEED_FILE="${SPEED_FILE:-metr-la_29sensors_allsteps.h5}"
 CAP="${CAP:-570}"
-LOG="$OUT/$PROTOCOL/gpu_reproduce.log"
 if [ -z "${DIAGSINK_DATA:-}" ]; then
-  echo "error: set DIAGSINK_DATA to the METR-LA folder (metr-la.h5 + graph files); the GPU machine cannot download it." >&2
+  echo "error: set DIAGSINK_DATA to the METR-LA folder (speed file + graph files); this script does not download." >&2
   exit 2
 fi
-mkdir -p "$OUT/$PROTOCOL"
+mkdir -p "$OUT"
+LOG="$OUT/gpu_reproduce.log"
 {
   echo "== provenance =="
   date -u +"%Y-%m-%dT%H:%M:%SZ"
-  git rev-parse HEAD 2>/dev/null || echo "git: unknown"
+  git rev-parse HEAD 2>/dev/null || echo "git: ${DIAGSINK_GIT_COMMIT:-unknown}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: unavailable"
   "$PY" -c "import torch, diagsink; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available()); print('diagsink', diagsink.__version__)"
-  "$PY" -m diagsink info || true
 } 2>&1 | tee "$LOG"
 start=$(date +%s)
-# The default 570 s cap leaves time for start-up and copying the results back within 10 minutes.
-timeout "$CAP" "$PY" -m diagsink reproduce --protocol "$PROTOCOL" --seeds "$SEEDS" --device "$DEVICE" --out "$OUT" \
-  --no-progress 2>&1 | tee -a "$LOG" || \
-  echo "reproduce stopped (status $?): rerun this script to finish the remaining runs" | tee -a "$LOG"
+left() { echo $(( CAP - ($(date +%s) - start) )); }
+
+step() {  # step PROTOCOL [reproduce options...]: train, then attach the sensitivity of every run
+  local protocol=$1; shift
+  if [ "$(left)" -le 10 ]; then echo "skip $protocol: the time cap is spent" | tee -a "$LOG"; return 0; fi
+  echo "== $protocol ==" | tee -a "$LOG"
+  timeout "$(left)" "$PY" -m diagsink reproduce --protocol "$protocol" --device "$DEVICE" --out "$OUT" \
+    --no-progress "$@" 2>&1 | tee -a "$LOG" || \
+    { echo "reproduce $protocol stopped (status $?): rerun this script to finish it" | tee -a "$LOG"; return 0; }
+  local runs=("$OUT/$protocol"/*_seed*.json)
+  [ -e "${runs[0]}" ] && "$PY" -m diagsink sensitivity "${runs[@]}" 2>&1 | tee -a "$LOG"
+  return 0
+}
+
+for s in $STEPS; do
+  case "$s" in
+    full29-released) step full29-released --seeds "$SEEDS" --variants none,dropout,penalty ;;
+    paper) step paper --seeds "$PAPER_SEEDS" --variants "$VARIANTS" --speed-file "$SPEED_FILE" ;;
+    *) step "$s" --seeds "$SEEDS" --variants "$VARIANTS" ;;
+  esac
+done
 echo "wall time: $(( $(date +%s) - start )) s" | tee -a "$LOG"
-ls -l "$OUT/$PROTOCOL" | tee -a "$LOG"

@@ -16,7 +16,8 @@ import argparse
 
 from .._io import ensure_writable_dir
 from ..data import load_metr_la
-from ..engine.config import PROTOCOLS, load_config
+from ..engine.artifacts import load_artifact
+from ..engine.config import PROTOCOLS, load_config, override
 from ..engine.reload import attach_sensitivity
 from ..engine.runs import reproduce, run_paths
 from ..engine.train import train_run
@@ -41,6 +42,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", default="book/results", help="results folder (default book/results)")
     p.add_argument("--data", default=None, help="METR-LA folder (default: DIAGSINK_DATA)")
+    p.add_argument(
+        "--speed-file",
+        default=None,
+        help="speed file in the data folder, e.g. metr-la_29sensors_allsteps.h5 (sets the "
+        "protocol's data.speed_file; default: the protocol's)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--low-memory",
@@ -56,18 +63,27 @@ def _writable(args: argparse.Namespace, protocol: str, variant: str) -> None:
     ensure_writable_dir(args.out, "--out")
 
 
-def _data(args: argparse.Namespace):
-    return load_metr_la(args.data)
+def _config(args: argparse.Namespace) -> dict:
+    """The protocol, with ``--speed-file`` (if given) as its ``data.speed_file``."""
+    cfg = load_config(args.protocol)
+    if args.speed_file is not None:
+        cfg = override(cfg, {"data.speed_file": args.speed_file})
+    return cfg
+
+
+def _data(args: argparse.Namespace, cfg: dict):
+    """The METR-LA file the protocol names (``data.speed_file``) in ``--data``."""
+    return load_metr_la(args.data, speed_file=cfg["data"].get("speed_file"))
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    cfg = load_config(args.protocol)
+    cfg = _config(args)
     _writable(args, cfg["protocol"], args.variant)
     art = train_run(
         cfg,
         args.variant,
         args.seed,
-        data=_data(args),
+        data=_data(args, cfg),
         device=args.device,
         out_dir=args.out,
         progress=not args.no_progress,
@@ -83,7 +99,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    cfg = load_config(args.protocol)
+    cfg = _config(args)
     seeds = args.seeds if args.seeds is not None else cfg["seeds"]
     if seeds < 1:
         raise ValueError("--seeds must be at least 1.")
@@ -98,7 +114,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         variants=variants,
         device=args.device,
         out_dir=args.out,
-        data=_data(args),
+        data=_data(args, cfg),
         progress=not args.no_progress,
         low_memory=args.low_memory,
     )
@@ -107,9 +123,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _cmd_sensitivity(args: argparse.Namespace) -> int:
-    data = _data(args)
     for path in args.artifacts:
-        field = attach_sensitivity(path, data=data)
+        cfg = load_artifact(path)["provenance"]["config"]  # the data file the run was trained on
+        field = attach_sensitivity(path, data=_data(args, cfg))
         s = field["profile"]["S"]
         shares = [b["diagonal_share"]["attention"] for b in field["paths"]["blocks"]]
         print(

@@ -1,0 +1,45 @@
+"""The GPU script (tools/gpu_reproduce.sh) works offline: a dry run of it on the CPU.
+
+The dry run trains one quick run through the same steps as the GPU call (reproduce, then the
+sensitivity of every finished run), writes the provenance log, and refuses to start without a
+data folder (exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tools" / "gpu_reproduce.sh"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DIAGSINK_DATA"}
+    env.update(PYTHON=sys.executable, OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def test_dry_run_on_the_cpu_trains_and_attaches_sensitivity(tmp_path):
+    data = os.environ.get("DIAGSINK_DATA")
+    assert data, "set DIAGSINK_DATA to the METR-LA folder (CI does)"
+    env = _env(DIAGSINK_DATA=data, DEVICE="cpu", STEPS="quick", SEEDS="1", VARIANTS="none")
+    out = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    art = json.loads((tmp_path / "quick" / "none_seed0.json").read_text())
+    assert "sensitivity" in art and art["provenance"]["device"].startswith("cpu")
+    log = (tmp_path / "gpu_reproduce.log").read_text()
+    assert "== provenance ==" in log and "== quick ==" in log and "wall time:" in log
+
+
+def test_without_a_data_folder_it_stops_with_one_line(tmp_path):
+    out = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path)], cwd=ROOT, env=_env(), capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "DIAGSINK_DATA" in out.stderr
