@@ -9,7 +9,7 @@ must hold an ``mjx-container``, and no raw ``$$`` may remain in the text). A sol
 dropdown must open when clicked, and a screenshot of the heatmap page is saved to
 ``_build/screenshots/`` (the CI artifact).
 
-Two reader checks at 1280 px (issue 18): no output box overflows horizontally (an output area,
+Two reader checks at 1280 px: no output box overflows horizontally (an output area,
 or a ``<pre>``/table inside it, whose ``scrollWidth`` exceeds its ``clientWidth``: a printed line
 or a table wider than the page), and on the heatmaps and results pages every heatmap panel is
 at least 220 px wide as rendered (``MIN_PANEL_PX``).
@@ -84,7 +84,7 @@ def toc_pages() -> list[str]:
 
 
 PAGES = toc_pages()
-VIEWPORT_WIDTH = 1280  # px: the reader's laptop (issue 18)
+VIEWPORT_WIDTH = 1280  # px: the reader's laptop
 MIN_PANEL_PX = 220  # px per heatmap panel: a 12 x 12 map at ~18 px per entry is legible
 HEATMAP_PAGES = ("book/heatmaps", "book/results")
 

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Runs ON the device machine (one H200, Python 3.12 with PyTorch, no network), from the
-# repository root, in the one or two calls a session can afford (15 minutes of device time
-# in all, start-up included). Prepare first, here: `tools/device_prepare.sh`. Then:
+# Runs on a GPU machine without network access, from the repository root, after
+# `tools/device_prepare.sh` has built `.whl` (the wheels) and `.devdata` (the data and the
+# commit) here and both were copied there with the tree. $OUT is the folder whose files are
+# brought back. Modes:
 #
-#   run(command="bash tools/device_gpu.sh reproduce", carry=[".whl", ".devdata"], timeout_s=590)
+#   bash tools/device_gpu.sh reproduce
 #       trains the `book` protocol (5 variants x 4 seeds; tools/gpu_reproduce.sh, capped at
-#       CAP=540 s) and returns $OUT/book-results.tar.gz (the artifacts and the log). Finished
-#       runs are kept in /tmp/diagsink-results while the machine stays warm, so a second
-#       `reproduce` call right after the first finishes the rest.
-#   run(command="bash tools/device_gpu.sh bench", carry=[".whl", ".devdata"], timeout_s=420)
-#       the attention and training benchmarks on the GPU: $OUT/bench-*.txt and their JSON
-#       tables $OUT/attention_cuda.json, $OUT/training_cuda.json, $OUT/training_cuda_compile.json
-#       (book and paper sizes under torch.compile), for benchmarks/results/.
+#       CAP=540 s) and writes $OUT/book-results.tar.gz (the artifacts and the log). Finished
+#       runs are kept in /tmp/diagsink-results, so a second `reproduce` on the same machine
+#       finishes the rest.
+#   bash tools/device_gpu.sh bench
+#       the training benchmark on the GPU, eager and under torch.compile:
+#       $OUT/training_cuda.json, $OUT/training_cuda_compile.json and their printed output
+#       $OUT/bench-*.txt, for benchmarks/results/.
 #
-# Back here: `tar -xzf <files_at>/book-results.tar.gz -C book/results`, check them with
+# Back here: `tar -xzf book-results.tar.gz -C book/results`, check them with
 # `pytest tests/test_artifacts.py`, and commit book/results/book/. A dry run on this machine's
 # CPU: `OUT=/tmp/out WHEELS=0 PYTHON=.venv/bin/python DEVICE=cpu PROTOCOL=quick SEEDS=1 \
 # bash tools/device_gpu.sh reproduce`.
@@ -52,15 +53,11 @@ case "$mode" in
     echo "packed: $(tar -tzf "$OUT/$proto-results.tar.gz" | grep -c '\.json$') artifacts in $OUT/$proto-results.tar.gz"
     ;;
   bench)
-    timeout 90 "$PYTHON" benchmarks/attention.py --full --device "$DEVICE" --rounds 5 \
-      --out "$OUT/attention_$DEVICE.json" > "$OUT/bench-attention-$DEVICE.txt" 2>&1
-    echo "attention benchmark: status $?"
-    timeout 90 "$PYTHON" benchmarks/training.py --device "$DEVICE" --no-memory --steps 5 \
+    timeout 240 "$PYTHON" benchmarks/training.py --device "$DEVICE" --steps 9 \
       --out "$OUT/training_$DEVICE.json" > "$OUT/bench-training-$DEVICE.txt" 2>&1
     echo "training benchmark: status $?"
-    timeout 200 "$PYTHON" benchmarks/training.py --device "$DEVICE" --no-memory --steps 5 --compile \
-      --protocols book,paper --out "$OUT/training_${DEVICE}_compile.json" \
-      > "$OUT/bench-training-$DEVICE-compile.txt" 2>&1
+    timeout 300 "$PYTHON" benchmarks/training.py --device "$DEVICE" --steps 9 --compile \
+      --out "$OUT/training_${DEVICE}_compile.json" > "$OUT/bench-training-$DEVICE-compile.txt" 2>&1
     echo "training benchmark, torch.compile: status $?"
     tail -n 5 "$OUT"/bench-*.txt
     ;;

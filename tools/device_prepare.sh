@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Prepare the GPU calls of a session that is lent a device machine (the `device` tool of this
-# workplace; see tools/device_gpu.sh for what runs there). Run HERE, from the repository root:
+# Prepare a run on a GPU machine without network access (tools/device_gpu.sh says what runs
+# there). Run HERE, from the repository root:
 #
 #     DIAGSINK_DATA=/path/to/metr-la tools/device_prepare.sh
 #
-# It fills two git-ignored folders that the device call carries:
+# It fills two git-ignored folders that travel with the tree to the GPU machine:
 #   .whl/      wheels the GPU machine lacks: PyTables and its compiled dependencies for its
 #              Python 3.12 (it has torch, numpy, pandas, pyyaml, tqdm, matplotlib already);
 #   .devdata/  the METR-LA files (every speed file DIAGSINK_DATA has: metr-la.h5, the
@@ -42,4 +42,4 @@ if [ "$total_mib" -ge 60 ]; then
   echo "error: about ${total_mib} MiB would travel; use the 1026-step slice or leave figures out" >&2
   exit 1
 fi
-echo 'next (device tool): run(command="bash tools/device_gpu.sh reproduce", carry=[".whl", ".devdata"], timeout_s=590)'
+echo 'next: copy the tree with .whl and .devdata to the GPU machine and run `bash tools/device_gpu.sh reproduce` there'

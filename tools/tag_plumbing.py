@@ -1,6 +1,6 @@
 """Tag the chapters' plumbing cells ``hide-input``: ``python tools/tag_plumbing.py [--write]``.
 
-Issue 18, "quiet plumbing": a cell that only plots, only tabulates or only prints provenance
+Quiet plumbing: a cell that only plots, only tabulates or only prints provenance
 shows its output with its code collapsed (a toggle opens it); a cell that implements an
 equation or checks a claim stays open. The rules (``plumbing_kind``), applied to one code cell
 of a chapter ``book/*.ipynb``:

@@ -49,7 +49,7 @@ from ..errors import ConfigError, DiagsinkError
 from ..metrics import horizon_metrics, masked_mae
 from ..model import TSModel
 from ..runtime import resolve_device
-from ..sparse import sparsify
+from ..sparse import SPARSE_MIN_NODES, sparsify
 from .artifacts import SCHEMA_VERSION, artifact_json
 from .config import config_hash, load_config, validate_config
 from .distributed import context as distributed_context
@@ -104,8 +104,9 @@ def build_model(cfg: dict[str, Any], variant: str, prepared: Prepared) -> TSMode
         block_order=m.get("block_order", "ts"),  # optional keys (diagsink.engine.config.OPTIONAL)
         graph_layer=m.get("graph_layer", "diffusion"),
     ).to(prepared.series.device)
-    # torch.sparse road-graph products when the graph is large (book/scaling.ipynb)
-    return sparsify(model)
+    if model.n_nodes > SPARSE_MIN_NODES:  # torch.sparse products for a large road graph (scaling)
+        sparsify(model)
+    return model
 
 
 def lr_at(epoch: int, cfg: dict[str, Any]) -> float:
@@ -359,6 +360,8 @@ def train_model(
         write and resume_checkpoint(paths["checkpoint"], key, model, optimizer, device_t)
     ) or RunState(best_state=_cpu_state(model))
     net = dist.wrap(model)  # the module that trains; ``model`` stays the plain TSModel
+    if t.get("compile", False):  # opt-in (config key train.compile): the same function, compiled
+        net = torch.compile(net)
     write = write and dist.is_main  # rank 0 alone writes checkpoints and artifacts
     steps = math.ceil(_n_train(prepared, cfg) / t["batch_size"])
     bar = tqdm(
