@@ -1,0 +1,394 @@
+"""The full-length runs, read as whatever subset of them is committed: chapter "Results: every
+variant" (``book/results.ipynb``) and the forecasts of "Heatmaps on METR-LA" (``book/heatmaps.ipynb``).
+
+The protocols ``full29`` (5 variants x 4 seeds) and ``full29-released`` (the released graph
+layer; variants (b), (d), (e) x 4 seeds) are trained one run at a time, so a page may find any
+subset of them. Everything here works on that subset:
+
+* :func:`complete_seeds` -- the seeds for which *every* variant of a comparison exists; tables,
+  means and paired differences use only those, so each variant is averaged over the same seeds;
+* :func:`run_counts` -- how many of the planned runs exist (:data:`PLANNED`);
+* :func:`summary` / :func:`results_table` -- mean and sample sd over the complete seeds, with the
+  baselines of :func:`diagsink.data.baselines.baseline_table` as further rows;
+* :func:`paired_table` -- each variant minus (b), seed by seed, with the 95 % paired-t interval
+  (:func:`diagsink.engine.significance.paired_difference`); empty with fewer than 2 seeds;
+* :data:`PAPER` / :func:`relative_changes` -- the paper's table (quoted) and ours as percent
+  changes against (b), the only comparison that makes sense across different data;
+* :func:`released_comparison` -- released minus diffusion graph layer, and whether a
+  regularizer's effect differs between the two layers (a difference of differences);
+* :func:`convergence` -- a run's validation curve against the rule :data:`CONVERGENCE`;
+* :func:`split_dates` and :func:`day_forecast` -- the test windows' dates, one test day's
+  forecasts against the truth and the last value.
+
+Metric dictionaries are the artifacts' ``metrics`` (keys ``"MAE@3"`` ... ``"MAPE@mean"``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .data.baselines import last_value
+from .engine.artifacts import ArtifactError, load_results
+from .engine.config import load_config
+from .engine.significance import paired_difference
+from .engine.train import predict
+from .variants import LABELS, VARIANTS
+
+__all__ = [
+    "RESULTS_ENV", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
+    "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
+    "paired_table", "paper_means", "relative_changes", "released_comparison", "convergence",
+    "convergence_table", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
+]  # fmt: skip
+
+#: Environment variable naming another results folder (development only; default ``results``
+#: next to the chapters, i.e. ``book/results``).
+RESULTS_ENV = "DIAGSINK_RESULTS"
+
+#: The runs each full-length protocol plans: its variants (the seeds come from its config).
+PLANNED: dict[str, tuple[str, ...]] = {
+    "full29": VARIANTS,
+    "full29-released": ("none", "dropout", "penalty"),
+}
+
+#: The convergence rule: the last ``window`` epochs' validation MAE within ``tol`` (relative)
+#: of the best validation MAE of the run.
+CONVERGENCE: dict[str, float] = {"window": 4, "tol": 0.01}
+
+#: The paper's results table (METR-LA, mean +- sd), quoted from Hankemeier & Schilling (2026):
+#: MAE, RMSE, MAPE at horizons 3, 6, 12 (15, 30, 60 minutes).
+PAPER: dict[str, str] = {
+    "no_residual": "3.165±.028 3.671±.064 4.627±.113 6.190±.050 7.414±.144 9.315±.227 8.705±.268 10.286±.202 13.406±.185",
+    "none": "2.966±.022 3.443±.006 3.989±.019 5.881±.045 7.028±.054 8.418±.053 7.836±.041 9.670±.082 11.708±.158",
+    "mask": "2.969±.019 3.447±.022 3.997±.026 5.889±.015 7.000±.017 8.431±.024 7.830±.060 9.666±.100 11.734±.083",
+    "dropout": "2.959±.001 3.415±.010 3.940±.011 5.845±.029 7.006±.051 8.338±.041 7.833±.003 9.616±.037 11.570±.047",
+    "penalty": "2.969±.027 3.436±.037 3.964±.041 5.859±.034 6.995±.054 8.344±.105 7.842±.070 9.655±.120 11.623±.157",
+}  # fmt: skip
+#: The columns of :data:`PAPER`, in order.
+PAPER_KEYS: tuple[str, ...] = tuple(f"{m}@{h}" for m in ("MAE", "RMSE", "MAPE") for h in (3, 6, 12))
+
+
+def results_root(default: str | Path = "results") -> Path:
+    """The results folder: ``$DIAGSINK_RESULTS`` when set (development), else ``default``."""
+    return Path(os.environ.get(RESULTS_ENV, "").strip() or default)
+
+
+def load_protocol(root: str | Path, protocol: str) -> list[dict[str, Any]]:
+    """Every artifact of ``root/protocol`` (validated), or ``[]`` when none is committed yet."""
+    folder = Path(root) / protocol
+    if not folder.is_dir() or not any(folder.glob("*.json")):
+        return []
+    return load_results(folder)
+
+
+def complete_seeds(arts: list[dict[str, Any]], variants: tuple[str, ...] | list[str]) -> list[int]:
+    """The seeds (sorted) for which every one of ``variants`` has an artifact in ``arts``."""
+    have: dict[int, set[str]] = {}
+    for a in arts:
+        have.setdefault(a["seed"], set()).add(a["variant"])
+    return sorted(s for s, vs in have.items() if set(variants) <= vs)
+
+
+def restrict(
+    arts: list[dict[str, Any]], seeds: list[int], variants: tuple[str, ...] | list[str]
+) -> list[dict[str, Any]]:
+    """The artifacts of ``variants`` whose seed is in ``seeds``."""
+    return [a for a in arts if a["seed"] in seeds and a["variant"] in variants]
+
+
+def run_counts(arts: list[dict[str, Any]], protocol: str) -> dict[str, Any]:
+    """How many of the runs ``protocol`` plans exist in ``arts``.
+
+    Returns ``planned`` (variants x seeds of the config), ``present`` (planned runs found),
+    ``variants``, ``seeds`` (the config's seed count) and ``complete`` (:func:`complete_seeds`
+    over the planned variants, limited to the planned seeds ``0 .. seeds - 1``).
+    """
+    if protocol not in PLANNED:
+        raise ValueError(
+            f"protocol {protocol!r} plans no runs here; choose one of {sorted(PLANNED)}."
+        )
+    variants, n_seeds = PLANNED[protocol], int(load_config(protocol)["seeds"])
+    planned = {(v, s) for v in variants for s in range(n_seeds)}
+    present = {(a["variant"], a["seed"]) for a in arts} & planned
+    complete = [s for s in complete_seeds(arts, variants) if s < n_seeds]
+    return {
+        "planned": len(planned),
+        "present": len(present),
+        "variants": variants,
+        "seeds": n_seeds,
+        "complete": complete,
+    }
+
+
+def summary(
+    arts: list[dict[str, Any]], variants: tuple[str, ...] | list[str], keys: list[str]
+) -> pd.DataFrame:
+    """Mean, sample sd (``n - 1``; NaN for one seed) and ``n`` of each metric per variant.
+
+    Returns a frame indexed by variant with columns ``(key, "mean" | "sd" | "n")``; a variant
+    without artifacts is left out.
+    """
+    rows = {}
+    for v in variants:
+        runs = [a for a in arts if a["variant"] == v]
+        if not runs:
+            continue
+        row = {}
+        for k in keys:
+            x = pd.Series([float(a["metrics"][k]) for a in runs])
+            row[(k, "mean")], row[(k, "sd")], row[(k, "n")] = x.mean(), x.std(ddof=1), len(x)
+        rows[v] = row
+    columns = pd.MultiIndex.from_product([keys, ["mean", "sd", "n"]])
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+
+
+def results_table(
+    stats: pd.DataFrame, baselines: pd.DataFrame | None, keys: list[str], digits: int = 3
+) -> pd.DataFrame:
+    """One row per variant (``mean ± sd``, labelled as in the paper) and per baseline (one number).
+
+    ``stats`` is :func:`summary`'s frame; ``baselines`` the frame of
+    :func:`diagsink.data.baselines.baseline_table` (rows = baselines, columns = metric keys).
+    """
+    out: dict[str, dict[str, str]] = {}
+    for v in stats.index:
+        out[LABELS[v]] = {
+            k: f"{stats.loc[v, (k, 'mean')]:.{digits}f}"
+            + (
+                ""
+                if np.isnan(stats.loc[v, (k, "sd")])
+                else f" ± {stats.loc[v, (k, 'sd')]:.{digits}f}"
+            )
+            for k in keys
+        }
+    for name, row in [] if baselines is None else baselines.iterrows():
+        out[name] = {k: f"{row[k]:.{digits}f}" for k in keys}
+    return pd.DataFrame.from_dict(out, orient="index", columns=keys)
+
+
+def paired_table(
+    arts: list[dict[str, Any]],
+    variants: tuple[str, ...] | list[str],
+    seeds: list[int],
+    keys: list[str],
+    baseline: str = "none",
+    level: float = 0.95,
+) -> pd.DataFrame:
+    """Each variant minus ``baseline``, paired by seed over ``seeds``, with its ``level`` interval.
+
+    Index ``(variant, key)``; columns ``n``, ``mean diff``, ``half-width``, ``low``, ``high``,
+    ``relative %`` (mean difference over the baseline's mean) and ``exceeds`` (the interval
+    excludes 0). Empty (same columns) with fewer than 2 seeds: a paired interval needs 2.
+    """
+    columns = ["n", "mean diff", "half-width", "low", "high", "relative %", "exceeds"]
+    if len(seeds) < 2:
+        return pd.DataFrame(
+            columns=columns, index=pd.MultiIndex.from_tuples([], names=["variant", "metric"])
+        )
+    value = {(a["variant"], a["seed"]): a["metrics"] for a in arts}
+    rows = {}
+    for v in (v for v in variants if v != baseline):
+        for k in keys:
+            x = [float(value[v, s][k]) for s in seeds]
+            b = [float(value[baseline, s][k]) for s in seeds]
+            r = paired_difference(x, b, level)
+            rows[(v, k)] = [
+                r["n"], r["mean_diff"], r["half_width"], r["mean_diff"] - r["half_width"],
+                r["mean_diff"] + r["half_width"], 100 * r["mean_diff"] / (sum(b) / len(b)),
+                bool(r["exceeds_noise"]),
+            ]  # fmt: skip
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+    out.index = pd.MultiIndex.from_tuples(out.index, names=["variant", "metric"])
+    return out
+
+
+def paper_means() -> dict[str, dict[str, tuple[float, float]]]:
+    """:data:`PAPER` parsed: ``{variant: {key: (mean, sd)}}``."""
+    return {
+        v: {k: tuple(float(x) for x in cell.split("±")) for k, cell in zip(PAPER_KEYS, row.split(), strict=True)}
+        for v, row in PAPER.items()
+    }  # fmt: skip
+
+
+def relative_changes(
+    means: dict[str, dict[str, float]], keys: list[str] | tuple[str, ...], baseline: str = "none"
+) -> pd.DataFrame:
+    """``100 (v - b) / b`` in percent for every variant but ``baseline``: rows variants, columns keys."""
+    base = means[baseline]
+    return pd.DataFrame.from_dict(
+        {v: {k: 100 * (m[k] - base[k]) / base[k] for k in keys} for v, m in means.items() if v != baseline},
+        orient="index",
+    )  # fmt: skip
+
+
+def released_comparison(
+    diffusion: list[dict[str, Any]], released: list[dict[str, Any]], key: str, level: float = 0.95
+) -> pd.DataFrame:
+    """The released graph layer against the diffusion layer, paired by seed, for one metric.
+
+    Uses the seeds complete for the released protocol's variants (:data:`PLANNED`) in *both*
+    lists. Rows: ``layer gap <v>`` (released minus diffusion, per variant), ``<v> - (b),
+    diffusion`` and ``<v> - (b), released`` (a regularizer's effect under each layer), and
+    ``<v> - (b): released minus diffusion`` (does the effect differ between the layers).
+    Columns as in :func:`paired_table`, without ``relative %``. Empty with fewer than 2 seeds.
+    """
+    variants = PLANNED["full29-released"]
+    seeds = sorted(
+        set(complete_seeds(diffusion, variants)) & set(complete_seeds(released, variants))
+    )
+    columns = ["n", "mean diff", "half-width", "low", "high", "exceeds"]
+    if len(seeds) < 2:
+        return pd.DataFrame(columns=columns)
+    d = {(a["variant"], a["seed"]): float(a["metrics"][key]) for a in diffusion}
+    r = {(a["variant"], a["seed"]): float(a["metrics"][key]) for a in released}
+    pairs: dict[str, tuple[list[float], list[float]]] = {}
+    for v in variants:
+        pairs[f"layer gap {v}"] = ([r[v, s] for s in seeds], [d[v, s] for s in seeds])
+    for v in variants[1:]:
+        eff_d = [d[v, s] - d["none", s] for s in seeds]
+        eff_r = [r[v, s] - r["none", s] for s in seeds]
+        pairs[f"{v} - (b), diffusion"] = (eff_d, [0.0] * len(seeds))
+        pairs[f"{v} - (b), released"] = (eff_r, [0.0] * len(seeds))
+        pairs[f"{v} - (b): released minus diffusion"] = (eff_r, eff_d)
+    rows = {}
+    for name, (x, y) in pairs.items():
+        p = paired_difference(x, y, level)
+        m, h = p["mean_diff"], p["half_width"]
+        rows[name] = [p["n"], m, h, m - h, m + h, bool(p["exceeds_noise"])]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+
+
+def convergence(
+    history: list[dict[str, float]], window: int | None = None, tol: float | None = None
+) -> dict[str, Any]:
+    """Whether a validation curve meets the rule :data:`CONVERGENCE`.
+
+    ``history`` is an artifact's list of epochs (``val_mae``, ``lr``). The run *converged* when
+    it has at least ``window`` epochs and each of the last ``window`` validation MAEs is within
+    ``tol`` (relative) of the best one. Returns ``converged``, ``epochs``, ``best_epoch``,
+    ``best`` (MAE), ``last_excess`` (largest excess of the last ``window`` epochs over the best,
+    relative) and ``lr_last`` (the last epoch's learning rate).
+    """
+    window = int(CONVERGENCE["window"] if window is None else window)
+    tol = float(CONVERGENCE["tol"] if tol is None else tol)
+    if not history:
+        raise ArtifactError("convergence needs a validation curve; this history is empty.")
+    val = [float(h["val_mae"]) for h in history]
+    best = min(val)
+    tail = val[-window:]
+    excess = max(tail) / best - 1
+    return {
+        "converged": len(val) >= window and excess <= tol,
+        "epochs": len(val),
+        "best_epoch": int(np.argmin(val)),
+        "best": best,
+        "last_excess": excess,
+        "lr_last": float(history[-1]["lr"]),
+    }
+
+
+def convergence_table(arts: list[dict[str, Any]]) -> pd.DataFrame:
+    """:func:`convergence` of every run: rows ``(protocol, variant, seed)``."""
+    rows = {(a["protocol"], a["variant"], a["seed"]): convergence(a["history"]) for a in arts}
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    if len(out):
+        out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
+    return out
+
+
+def thousands(n: int) -> str:
+    """``34272`` -> ``"34,272"`` (the book's way of writing large counts)."""
+    return f"{int(n):,}"
+
+
+def split_dates(data: Any, splits: Any) -> dict[str, Any]:
+    """What each part of the split covers: its first and last forecast target, and its windows.
+
+    ``data`` is a :class:`diagsink.data.metr_la.MetrLA`, ``splits`` its
+    :class:`diagsink.data.windows.Splits`. Returns ``coverage`` (:attr:`MetrLA.coverage` with
+    thousands separators: "29 of 207 sensors, all 34,272 steps") and, per part ``train``,
+    ``val``, ``test``: ``first`` and ``last`` target (timestamps), ``days`` between them,
+    ``windows`` and ``weekend_only`` (every target on one Saturday-Sunday weekend).
+    """
+    ts = data.timestamps
+    out: dict[str, Any] = {
+        "coverage": re.sub(r"\d{4,}", lambda m: thousands(int(m.group())), data.coverage)
+    }
+    for part in ("train", "val", "test"):
+        starts = getattr(splits, part)
+        first = ts[int(starts.min()) + splits.t_in]
+        last = ts[int(starts.max()) + splits.t_in + splits.t_out - 1]
+        days = pd.date_range(first.normalize(), last.normalize(), freq="D")
+        out[part] = {
+            "first": first,
+            "last": last,
+            "days": (last - first) / pd.Timedelta("1D"),
+            "windows": len(starts),
+            "weekend_only": bool(len(days) <= 2 and (days.day_of_week >= 5).all()),
+        }
+    return out
+
+
+def pick_day_and_sensors(
+    data: Any, splits: Any, n_sensors: int = 2
+) -> tuple[pd.Timestamp, list[int]]:
+    """A test day and sensors to plot: the first weekday whose every step is a test target with
+    no missing reading at the chosen sensors; of the sensors complete that day, the one with
+    the lowest and the one with the highest mean speed (congestion and free flow)."""
+    ts = data.timestamps
+    first = ts[int(splits.test.min()) + splits.t_in]
+    last = ts[int(splits.test.max()) + splits.t_in + splits.t_out - 1]
+    for day in pd.date_range(first.normalize() + pd.Timedelta("1D"), last.normalize(), freq="D"):
+        if day.day_of_week >= 5 or day + pd.Timedelta("1D") > last + pd.Timedelta("5min"):
+            continue
+        rows = (ts >= day) & (ts < day + pd.Timedelta("1D"))
+        speed = data.speed[rows]
+        ok = np.flatnonzero((speed > 0).all(0))
+        if len(ok) >= n_sensors:
+            means = speed[:, ok].mean(0)
+            order = ok[np.argsort(means)]
+            picks = [int(order[0]), int(order[-1])][:n_sensors]
+            return day, picks
+    raise ArtifactError("no weekday of the test period has complete readings at two sensors.")
+
+
+def day_forecast(
+    data: Any, splits: Any, day: pd.Timestamp, sensors: list[int], horizon: int, run: Any = None
+) -> pd.DataFrame:
+    """One test day at ``sensors``: the truth, the last value and (with ``run``) the model.
+
+    Every 5-minute step ``t`` of ``day`` is the target of the test window whose ``horizon``-th
+    forecast step lands on it (start ``t - t_in - horizon + 1``). The last value is the reading
+    ``horizon`` steps before ``t`` (forward-filled); the model's forecast is
+    :func:`diagsink.engine.train.predict` of the :class:`~diagsink.engine.reload.LoadedRun`
+    ``run``. Returns a frame indexed by time with columns ``(sensor id, "truth" | "last value"
+    | "model")`` in mph.
+    """
+    ts = data.timestamps
+    steps = np.flatnonzero((ts >= day) & (ts < day + pd.Timedelta("1D")))
+    starts = torch.as_tensor(steps - splits.t_in - horizon + 1)
+    test = set(splits.test.tolist())
+    if not all(int(s) in test for s in starts):
+        raise ArtifactError(
+            f"{day:%Y-%m-%d} at horizon {horizon} is not covered by test windows; pick a test day."
+        )
+    lv = last_value(data.speed, starts, splits.t_in, horizon)[:, -1]  # [B, N]
+    cols: dict[tuple[str, str], np.ndarray] = {}
+    pred = None
+    if run is not None:
+        pred, _ = predict(run.model, run.prepared, starts.to(run.prepared.test.device), run.cfg)
+        pred = pred[:, horizon - 1].cpu().numpy()  # [B, N]
+    for n in sensors:
+        sid = data.sensor_ids[n]
+        cols[(sid, "truth")] = data.speed[steps, n]
+        cols[(sid, "last value")] = lv[:, n]
+        if pred is not None:
+            cols[(sid, "model")] = pred[:, n]
+    return pd.DataFrame(cols, index=ts[steps])

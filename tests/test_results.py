@@ -1,0 +1,233 @@
+"""diagsink.results: the full-length runs read as whatever subset is committed (chapter
+"Results: every variant", book/results.ipynb, and the forecasts of book/heatmaps.ipynb)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import diagsink.results as dr
+from diagsink.data.windows import split_windows
+from diagsink.engine.artifacts import ArtifactError
+from diagsink.engine.significance import t_quantile
+from diagsink.variants import LABELS, VARIANTS
+
+KEYS = ["MAE@3", "MAE@12"]
+
+
+def _art(variant: str, seed: int, mae: float, protocol: str = "full29", val=None) -> dict:
+    val = val or [3.0, 2.5, 2.4, 2.4]
+    return {
+        "protocol": protocol,
+        "variant": variant,
+        "seed": seed,
+        "metrics": {"MAE@3": mae, "MAE@12": 2 * mae},
+        "history": [{"epoch": i, "lr": 1e-3 / (i + 1), "val_mae": v} for i, v in enumerate(val)],
+    }
+
+
+def _grid(seeds, offsets, protocol="full29", variants=VARIANTS) -> list[dict]:
+    """One artifact per variant and seed: MAE@3 = 3 + offsets[variant] + 0.01 * seed**2."""
+    return [
+        _art(v, s, 3.0 + offsets.get(v, 0.0) + 0.01 * s**2, protocol)
+        for s in seeds
+        for v in variants
+    ]
+
+
+def test_complete_seeds_need_every_variant():
+    arts = _grid([0, 1], {}) + [_art("none", 2, 3.0), _art("mask", 2, 3.0)]
+    assert dr.complete_seeds(arts, VARIANTS) == [0, 1]
+    assert dr.complete_seeds(arts, ["none", "mask"]) == [0, 1, 2]
+    assert dr.complete_seeds([], VARIANTS) == []
+    kept = dr.restrict(arts, [1], ["none", "mask"])
+    assert {(a["variant"], a["seed"]) for a in kept} == {("none", 1), ("mask", 1)}
+
+
+def test_run_counts_against_the_planned_runs():
+    arts = _grid([0], {}) + [_art("none", 1, 3.0), _art("none", 7, 3.0)]  # seed 7 is not planned
+    c = dr.run_counts(arts, "full29")
+    assert (c["planned"], c["present"], c["seeds"], c["complete"]) == (20, 6, 4, [0])
+    rel = dr.run_counts(
+        _grid([0, 1], {}, "full29-released", ("none", "dropout", "penalty")), "full29-released"
+    )
+    assert (rel["planned"], rel["present"], rel["complete"]) == (12, 6, [0, 1])
+    with pytest.raises(ValueError, match="plans no runs"):
+        dr.run_counts(arts, "slice")
+
+
+def test_summary_and_table_with_baseline_rows():
+    arts = _grid([0, 1, 2], {"mask": 0.5})
+    stats = dr.summary(arts, VARIANTS, KEYS)
+    x = pd.Series([3.5, 3.51, 3.54])
+    assert stats.loc["mask", ("MAE@3", "mean")] == pytest.approx(x.mean())
+    assert stats.loc["mask", ("MAE@3", "sd")] == pytest.approx(x.std(ddof=1))
+    assert stats.loc["mask", ("MAE@12", "n")] == 3
+    base = pd.DataFrame({"MAE@3": [4.1], "MAE@12": [5.2]}, index=["last value"])
+    table = dr.results_table(stats, base, KEYS)
+    assert list(table.index) == [LABELS[v] for v in VARIANTS] + ["last value"]
+    assert table.loc[LABELS["mask"], "MAE@3"] == f"{x.mean():.3f} ± {x.std(ddof=1):.3f}"
+    assert table.loc["last value", "MAE@12"] == "5.200"
+    one = dr.results_table(dr.summary(_grid([0], {}), VARIANTS, KEYS), None, KEYS)
+    assert "±" not in one.loc[LABELS["none"], "MAE@3"]  # one seed: no sd to print
+
+
+def test_paired_table_is_paired_by_seed():
+    # the seed term 0.01 s^2 is common to all variants: the paired differences are exact
+    arts = _grid([0, 1, 2, 3], {"mask": 0.2})
+    arts = [dict(a, metrics=dict(a["metrics"])) for a in arts]
+    for a in arts:  # (d) differs from (b) by +0.1 or -0.1 seed by seed: mean 0, inside the noise
+        if a["variant"] == "dropout":
+            a["metrics"]["MAE@3"] += 0.1 * (-1) ** a["seed"]
+    p = dr.paired_table(arts, VARIANTS, [0, 1, 2, 3], ["MAE@3"])
+    assert p.loc[("mask", "MAE@3"), "mean diff"] == pytest.approx(0.2)
+    assert p.loc[("mask", "MAE@3"), "half-width"] == pytest.approx(0.0, abs=1e-12)
+    assert bool(p.loc[("mask", "MAE@3"), "exceeds"])
+    base_mean = np.mean([3.0 + 0.01 * s**2 for s in range(4)])
+    assert p.loc[("mask", "MAE@3"), "relative %"] == pytest.approx(100 * 0.2 / base_mean)
+    sd = math.sqrt(4 * 0.01 / 3)
+    assert p.loc[("dropout", "MAE@3"), "half-width"] == pytest.approx(
+        t_quantile(0.975, 3) * sd / 2, rel=1e-6
+    )
+    assert not bool(p.loc[("dropout", "MAE@3"), "exceeds"])
+    assert ("none", "MAE@3") not in p.index and len(p) == 4
+    assert dr.paired_table(arts, VARIANTS, [0], ["MAE@3"]).empty  # one seed: no interval
+
+
+def test_paper_table_and_relative_changes():
+    paper = dr.paper_means()
+    assert paper["none"]["MAE@12"] == (3.989, 0.019) and paper["dropout"]["MAPE@3"] == (
+        7.833,
+        0.003,
+    )
+    rel = dr.relative_changes(
+        {v: {k: m for k, (m, _) in row.items()} for v, row in paper.items()}, dr.PAPER_KEYS
+    )
+    assert rel.loc["dropout", "MAE@12"] == pytest.approx(100 * (3.940 - 3.989) / 3.989)
+    assert -rel.loc[["mask", "dropout", "penalty"]].min().min() < 2.5  # the text's "about 2.5 %"
+    assert "none" not in rel.index
+
+
+def test_released_comparison_separates_gap_and_interaction():
+    reg = ("none", "dropout", "penalty")
+    diffusion = _grid([0, 1, 2], {"dropout": 0.1}, "full29")
+    released = [
+        dict(
+            a,
+            protocol="full29-released",
+            metrics={
+                k: v + 0.5 + (0.2 if a["variant"] == "dropout" else 0)
+                for k, v in a["metrics"].items()
+            },
+        )
+        for a in _grid([0, 1, 2], {"dropout": 0.1}, "full29", reg)
+    ]
+    r = dr.released_comparison(diffusion, released, "MAE@3")
+    assert r.loc["layer gap none", "mean diff"] == pytest.approx(0.5)
+    assert r.loc["dropout - (b), diffusion", "mean diff"] == pytest.approx(0.1)
+    assert r.loc["dropout - (b), released", "mean diff"] == pytest.approx(0.3)
+    assert r.loc["dropout - (b): released minus diffusion", "mean diff"] == pytest.approx(0.2)
+    assert r.loc["penalty - (b): released minus diffusion", "mean diff"] == pytest.approx(
+        0.0, abs=1e-12
+    )
+    assert dr.released_comparison(diffusion, released[:3], "MAE@3").empty  # one common seed
+
+
+def test_convergence_rule():
+    flat = dr.convergence([{"lr": 1e-5, "val_mae": v} for v in (3.0, 2.5, 2.41, 2.40, 2.405, 2.41)])
+    assert flat["converged"] and flat["best_epoch"] == 3 and flat["best"] == 2.40
+    assert flat["last_excess"] == pytest.approx(2.41 / 2.40 - 1)
+    falling = dr.convergence([{"lr": 1e-4, "val_mae": v} for v in (3.0, 2.8, 2.6, 2.4, 2.2)])
+    assert not falling["converged"]  # 2.8 is 27 % above the best
+    short = dr.convergence([{"lr": 1e-3, "val_mae": 2.0}] * 3)
+    assert not short["converged"]  # fewer epochs than the rule's window
+    assert dr.convergence([{"lr": 1.0, "val_mae": v} for v in (2.0, 2.03)], window=2, tol=0.02)[
+        "converged"
+    ]
+    with pytest.raises(ArtifactError, match="empty"):
+        dr.convergence([])
+    table = dr.convergence_table(
+        [
+            _art("none", 0, 3.0, val=[3.0, 2.42, 2.41, 2.4, 2.4]),
+            _art("mask", 1, 3.0, val=[3.0, 2.0]),
+        ]
+    )
+    assert (
+        table.loc[("full29", "none", 0), "converged"]
+        and not table.loc[("full29", "mask", 1), "converged"]
+    )
+
+
+def _fake_data(n_days: int = 14, n_nodes: int = 3) -> SimpleNamespace:
+    """A MetrLA-like object: 5-minute steps from a Thursday, speeds 60 + node - a daily dip."""
+    ts = pd.date_range("2012-05-31 00:00", periods=288 * n_days, freq="5min")  # a Thursday
+    dip = 20 * np.exp(-((((ts.hour * 60 + ts.minute) - 480) / 60.0) ** 2))
+    speed = np.stack([60 + n - (n == 0) * dip for n in range(n_nodes)], 1).astype(np.float64)
+    speed[5, 1] = 0.0  # one missing reading, far from the test part
+    return SimpleNamespace(
+        timestamps=ts, speed=speed, sensor_ids=[f"s{n}" for n in range(n_nodes)],
+        coverage=f"{n_nodes} of 207 sensors, first {len(ts)} of 34272 steps", n_nodes=n_nodes,
+    )  # fmt: skip
+
+
+def test_split_dates_and_one_test_day():
+    data = _fake_data()
+    splits = split_windows(len(data.speed))
+    dates = dr.split_dates(data, splits)
+    assert dates["coverage"] == "3 of 207 sensors, first 4,032 of 34,272 steps"
+    test = dates["test"]
+    assert test["first"] == data.timestamps[int(splits.test[0]) + 12]
+    assert test["last"] == data.timestamps[-1] and test["windows"] == len(splits.test)
+    assert not test["weekend_only"]
+    day, sensors = dr.pick_day_and_sensors(data, splits)
+    assert day.day_of_week < 5 and day >= test["first"].normalize() + pd.Timedelta("1D")
+    assert sensors == [0, 2]  # the dipping sensor (lowest mean), the fastest one
+    f = dr.day_forecast(data, splits, day, sensors, horizon=3)
+    rows = (data.timestamps >= day) & (data.timestamps < day + pd.Timedelta("1D"))
+    assert len(f) == 288 and np.array_equal(f[("s0", "truth")].to_numpy(), data.speed[rows, 0])
+    # the last value is the reading 3 steps (15 minutes) before each target
+    assert np.array_equal(
+        f[("s0", "last value")].to_numpy(), data.speed[np.flatnonzero(rows) - 3, 0]
+    )
+    with pytest.raises(ArtifactError, match="not covered by test windows"):
+        dr.day_forecast(data, splits, data.timestamps[0].normalize(), sensors, horizon=3)
+
+
+def test_one_weekend_is_recognised():
+    data = _fake_data(n_days=5)  # Thursday to Monday: the test part is the last fifth
+    dates = dr.split_dates(data, split_windows(len(data.speed)))
+    assert dates["test"]["first"].day_name() == "Sunday" and not dates["test"]["weekend_only"]
+    data.timestamps = data.timestamps - pd.Timedelta("1D")  # Wednesday to Sunday
+    assert dr.split_dates(data, split_windows(len(data.speed)))["test"]["weekend_only"]
+
+
+def test_results_root_reads_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv(dr.RESULTS_ENV, raising=False)
+    assert dr.results_root() == dr.Path("results")
+    monkeypatch.setenv(dr.RESULTS_ENV, str(tmp_path))
+    assert dr.results_root() == tmp_path
+    assert dr.load_protocol(tmp_path, "full29") == []  # nothing committed yet
+
+
+def test_day_forecast_with_a_model_uses_the_engine(monkeypatch):
+    data = _fake_data()
+    splits = split_windows(len(data.speed))
+    day, sensors = dr.pick_day_and_sensors(data, splits)
+    seen = {}
+
+    def fake_predict(model, prepared, starts, cfg):  # [B, t_out, N]: the window's start as value
+        seen["starts"] = starts
+        return starts[:, None, None].float().expand(-1, 12, len(data.sensor_ids)), None
+
+    monkeypatch.setattr(dr, "predict", fake_predict)
+    run = SimpleNamespace(
+        model=None, prepared=SimpleNamespace(test=torch.zeros(1, dtype=torch.long)), cfg={}
+    )
+    f = dr.day_forecast(data, splits, day, sensors, horizon=12, run=run)
+    steps = np.flatnonzero((data.timestamps >= day) & (data.timestamps < day + pd.Timedelta("1D")))
+    assert np.array_equal(f[("s2", "model")].to_numpy(), steps - 12 - 12 + 1)
