@@ -167,6 +167,10 @@ class Aggregate:
         off_lower, off_upper: the theorem's bounds on ``off_sum``.
         diag_lower, diag_upper: its bounds on ``diag``.
         share_lower, share_upper: the bounds on ``share`` that follow from the four above.
+        value_diag: ``‖r I + Σ_h α^h_ii M^h‖`` (``r = 1`` with a residual connection, else 0).
+        sigma_min: measured smallest singular value of ``J_ii``.
+        sigma_lower: a-posteriori lower bound on it, ``r − Σ_h α^h_ii ν_h (1 + ε^h_i) − ‖G_i‖``
+            (clipped at 0), from the actual diagonal weights and query term.
         nu: ``ν_h = ‖W_O^h W_V^h‖`` per head.
         nu_layer: ``ν = ‖Σ_h W_O^h W_V^h‖``, the layer's value map.
         residual: whether the layer adds its input.
@@ -186,9 +190,18 @@ class Aggregate:
     diag_upper: torch.Tensor
     share_lower: torch.Tensor
     share_upper: torch.Tensor
+    value_diag: torch.Tensor
+    sigma_min: torch.Tensor
+    sigma_lower: torch.Tensor
     nu: list[float]
     nu_layer: float
     residual: bool
+
+    @property
+    def value_share(self) -> torch.Tensor:
+        """The share with the key and query paths left out (``ε → 0``): the theorem's
+        multi-head prediction from the actual weights, ``value_diag / (value_diag + value_sum)``."""
+        return _ratio(self.value_diag, self.value_diag + self.value_sum)
 
     @property
     def limit(self) -> float:
@@ -203,6 +216,17 @@ def _eps(p: J._Heads) -> torch.Tensor:
     dist = torch.cdist(ubar, p.u[None].expand(ubar.shape[0], -1, -1))  # [H, i, j]
     dist = dist.masked_fill(~torch.isfinite(p.logits), 0.0)
     return p.scale * p.r.norm(dim=-1) * dist.amax(-1)
+
+
+def _diag_blocks(p: J._Heads, residual: bool) -> torch.Tensor:
+    """The diagonal blocks ``J_ii`` ``[T, C, C]`` in closed form (all four paths)."""
+    idx = torch.arange(p.u.shape[0], device=p.u.device)
+    a_ii = p.alpha[:, idx, idx]  # [H, T]
+    dz = torch.einsum("hab,hib->hia", p.M, p.u[None] - p.alpha @ p.u)  # M (u_i − ū_i)
+    key = p.scale * torch.einsum("hi,hia,hib->iab", a_ii, dz, p.r)
+    value = torch.einsum("hi,hab->iab", a_ii, p.M)
+    eye = torch.eye(p.u.shape[1], dtype=p.u.dtype, device=p.u.device)
+    return float(residual) * eye + value + key + J._query_blocks(p)
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -253,6 +277,7 @@ def aggregate_influence(
     off_upper = torch.minimum(((1 - a_ii) * nu * (1 + eps)).sum(0), value_sum + off_slack)
     off_lower = (value_sum - off_slack).clamp_min(0)
     diag_lower, diag_upper = (centre - diag_slack).clamp_min(0), centre + diag_slack
+    sigma_lower = float(layer.residual) - (a_ii * nu * (1 + eps)).sum(0) - norms["query"].diagonal()
     return Aggregate(
         off_sum=off_sum,
         diag=diag,
@@ -268,6 +293,9 @@ def aggregate_influence(
         diag_upper=diag_upper,
         share_lower=_ratio(diag_lower, diag_lower + off_upper),
         share_upper=_ratio(diag_upper, diag_upper + off_lower),
+        value_diag=centre,
+        sigma_min=torch.linalg.svdvals(_diag_blocks(p, layer.residual))[:, -1],
+        sigma_lower=sigma_lower.clamp_min(0),
         nu=list(c["nu"]),
         nu_layer=float(torch.linalg.matrix_norm(p.M.sum(0), ord=2)),
         residual=bool(layer.residual),

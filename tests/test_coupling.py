@@ -249,3 +249,17 @@ def test_counterexample_and_directional_refuse_bad_input():
     layer = toy.init_layer(4, 1, pos_encoding="sinusoidal")
     with pytest.raises(ConfigError, match="positional"):
         CP.directional_query(layer, torch.zeros(3, dtype=f64), torch.ones(4, dtype=f64))
+
+
+@pytest.mark.parametrize("diag", [None, "mask", "penalty"])
+def test_diagonal_blocks_and_the_aposteriori_lower_bound(diag):
+    layer = toy.init_layer(8, 2, qk_scale=0.5, seed=4, diag=diag)
+    x = toy.gaussian_inputs(7, 8, torch.Generator().manual_seed(4))
+    agg = CP.aggregate_influence(layer, x)
+    jac = J.autograd_jacobian(layer, x).permute(0, 2, 1, 3)
+    blocks = jac[torch.arange(7), torch.arange(7)]
+    torch.testing.assert_close(agg.sigma_min, torch.linalg.svdvals(blocks)[:, -1])
+    assert (
+        bool((agg.sigma_lower <= agg.sigma_min + 1e-12).all()) and float(agg.sigma_lower.max()) > 0
+    )
+    assert bool((agg.value_share > 0).all() and (agg.value_share < 1).all())
