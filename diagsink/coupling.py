@@ -1,4 +1,4 @@
-"""The coupling of the diagonal query path and the a-priori logit spread (one layer).
+"""The diagonal query path, the a-priori logit spread and the aggregate influence (one layer).
 
 For a :class:`~diagsink.attention.TemporalAttention` layer without LayerNorm and one
 sequence ``x`` ``[T, C]`` (``u = x + P`` after the positional encoding), the query path of
@@ -7,14 +7,16 @@ head ``h`` contributes to the diagonal block ``∂y_i/∂x_i`` the ``C x C`` mat
     G^h_i = M^h S^h_i W_K^hᵀ W_Q^h / sqrt(d),   S^h_i = Σ_m α^h_im (u_m − ū^h_i)(u_m − ū^h_i)ᵀ,
 
 with ``M^h = W_O^h W_V^h`` (chapter ``book/jacobian.ipynb``). Proposition ``bnd-prop-coupling``
-of ``book/bounds.ipynb`` ("Why the diagonal wins: sensitivity bounds") states, with
+of ``book/bounds.ipynb`` ("One layer: how much of a step's sensitivity stays on the diagonal") states, with
 ``ν_h, ρ_h, κ_h, D, Q_h`` as in :func:`diagsink.jacobian.bound` and the a-priori spread
 ``Δ̂_h = Q_h κ_h D / sqrt(d) + |β|``::
 
     ‖G^h_i‖₂ ≤ ν_h ρ_h κ_h D² / (4 sqrt(d)) ≤ (ν_h / 2) (Δ̂_h − |β|),
 
-and the theorem's own query bound ``ν_h ρ_h κ_h V / sqrt(d)`` is at most
-``(ν_h / √2) (Δ̂_h − |β|)``. Both constants (1/2 and 1/√2) are sharp.
+and the cruder variance bound ``ν_h ρ_h κ_h V / sqrt(d)`` (``V = min(R², D²/2)``) is at most
+``(ν_h / √2) (Δ̂_h − |β|)``. Both constants (1/2 and 1/√2) are sharp. The bound is in terms of
+the a-priori spread ``Δ̂``, not the measured one: :func:`uniform_counterexample` attains it at
+exactly uniform attention.
 
 Functions:
 
@@ -107,7 +109,7 @@ class Coupling:
     Attributes:
         popoviciu: ``ν_h ρ_h κ_h D² / (4 sqrt(d))``, a bound on every ``‖G^h_i‖₂``.
         half_spread: ``(ν_h / 2)(Δ̂_h − |β|)`` ≥ ``popoviciu``.
-        theorem_query: the query bound of theorem ``bnd-thm-diag``, ``ν_h ρ_h κ_h V / sqrt(d)``.
+        theorem_query: the cruder variance bound ``ν_h ρ_h κ_h V / sqrt(d)`` (``V = min(R², D²/2)``).
         over_sqrt2_spread: ``(ν_h / √2)(Δ̂_h − |β|)`` ≥ ``theorem_query``.
         delta_apriori: ``Δ̂_h`` (from :func:`diagsink.jacobian.bound`).
         nu: ``ν_h``.

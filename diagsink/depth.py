@@ -20,8 +20,8 @@ by its block norms; :func:`layer_constants`, :func:`theorem_constants` and :func
 are the L-layer bound (proposition ``dep-prop-stack``).
 
 Used in the chapter "Depth and LayerNorm" (``book/depth.ipynb``); it extends the single-layer
-closed form of "The Jacobian of a temporal-attention layer" (``book/jacobian.ipynb``) and "Why
-the diagonal wins: sensitivity bounds" (``book/bounds.ipynb``).
+closed form of "The Jacobian of a temporal-attention layer" (``book/jacobian.ipynb``) and "One
+layer: how much of a step's sensitivity stays on the diagonal" (``book/bounds.ipynb``).
 """
 
 from __future__ import annotations

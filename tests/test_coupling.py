@@ -1,4 +1,5 @@
-"""Proposition bnd-prop-coupling (book/bounds.ipynb): query path ≤ ν Δ̂ / 2, on random layers."""
+"""book/bounds.ipynb on random layers: the coupling (query path ≤ ν Δ̂ / 2), the aggregate-influence
+theorem and its share bounds, the uniform-attention counterexample and the directional bound."""
 
 from __future__ import annotations
 

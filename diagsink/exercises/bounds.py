@@ -1,4 +1,5 @@
-"""Checks for the exercises of ``book/bounds.ipynb`` ("Why the diagonal wins: sensitivity bounds").
+"""Checks for the exercises of ``book/bounds.ipynb`` ("One layer: how much of a step's sensitivity
+stays on the diagonal").
 
 * ``ex-bounds-alpha``: ``alpha_bound(scores)`` -> ``[T]``: ``e^{Δ_i} / N_i`` per row of a
   logit matrix ``[T, T]`` (``−inf`` marks keys a row does not attend to; ``Δ_i`` is the
