@@ -7,8 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, ensure_writable_dir
 from ..errors import ConfigError
+from ._args import positive
 
 __all__ = ["add_commands"]
 
@@ -26,27 +27,62 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_target(text: str | None) -> Path | None:
+    """``--json FILE`` checked before any grading: not empty, not a folder, in a writable folder."""
+    if text is None:
+        return None
+    target = Path(text)
+    if not text.strip() or target.is_dir():
+        raise ConfigError(
+            f"--json {text!r} is not a file name. Fix: pass the report's file, e.g. --json grades.json."
+        )
+    ensure_writable_dir(target.parent, "--json")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise PermissionError(
+            f"--json {target} exists and is not writable. Fix: choose another file or fix its permissions."
+        )
+    return target
+
+
+def _grade_one_file(notebook: str, args: argparse.Namespace) -> list:
+    """The grades of one submission; a submission that cannot be graded is one ``error`` grade."""
+    # reason: diagsink.course needs nbformat; train/reproduce must run without it (GPU machine)
+    from ..course import Grade, grade
+
+    if not Path(notebook).is_file():
+        return [Grade("(notebook)", "error", f"{notebook} does not exist or is not a file")]
+    try:
+        return grade(notebook, source=args.source, timeout=args.timeout)
+    except Exception as exc:  # noqa: BLE001 - one bad submission never stops the batch
+        return [Grade("(notebook)", "error", f"{type(exc).__name__}: {exc}")]
+
+
 def _cmd_grade(args: argparse.Namespace) -> int:
     # reason: diagsink.course needs nbformat; train/reproduce must run without it (GPU machine)
-    from ..course import grade
+    from ..course import find_book_root
 
+    target = _json_target(args.json)
+    find_book_root(args.source)  # no book: one error line before any notebook runs
     report: dict[str, list[dict[str, str]]] = {}
-    for notebook in args.notebooks:
-        if not Path(notebook).is_file():
-            raise FileNotFoundError(
-                f"{notebook} does not exist: pass the path of a submitted .ipynb"
-            )
-        grades = grade(notebook, source=args.source, timeout=args.timeout)
-        passed = sum(g.status == "pass" for g in grades)
-        print(f"{notebook}: {passed}/{len(grades)} passed")
-        for g in grades:
-            print(f"  {g.status:14s} {g.label}  {g.message}")
-        report[str(notebook)] = [
-            {"label": g.label, "status": g.status, "message": g.message} for g in grades
-        ]
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
-        print(f"grades written to {args.json}")
+    failed: list[str] = []
+    try:
+        for notebook in args.notebooks:
+            grades = _grade_one_file(notebook, args)
+            passed = sum(g.status == "pass" for g in grades)
+            print(f"{notebook}: {passed}/{len(grades)} passed")
+            for g in grades:
+                print(f"  {g.status:14s} {g.label}  {g.message}")
+            if any(g.status == "error" for g in grades):
+                failed.append(notebook)
+            report[str(notebook)] = [
+                {"label": g.label, "status": g.status, "message": g.message} for g in grades
+            ]
+    finally:  # written even when the batch is interrupted: what was graded is kept
+        if target is not None:
+            atomic_write_text(target, json.dumps(report, indent=2) + "\n")
+            print(f"grades written to {target}")
+    if failed:
+        print(f"{len(failed)} of {len(args.notebooks)} submissions had errors: {', '.join(failed)}")
     return 0
 
 
@@ -103,13 +139,17 @@ def add_commands(subparsers) -> None:
     grd = sub.add_parser(
         "grade",
         help="grade submitted student notebooks with the registered checks",
-        description="Run each submitted notebook (without its check cells) and then the registered "
-        "check of every exercise of its chapter on the student's function; print pass / hint / "
-        "not attempted / missing per exercise.",
+        description="Run each submitted notebook (without its check cells) in its own kernel, then "
+        "the registered check of every exercise of its chapter, in this process, on the student's "
+        "function; print pass / hint / not attempted / missing / error per exercise. A submission "
+        "that cannot be graded is recorded as an error and the batch goes on. This EXECUTES the "
+        "students' code: run it in a container or as a throwaway user (book/instructors.md).",
     )
     grd.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="submitted .ipynb files")
     grd.add_argument("--json", default=None, metavar="FILE", help="also write the grades as JSON")
-    grd.add_argument("--timeout", type=int, default=600, help="seconds per cell (default: 600)")
+    grd.add_argument(
+        "--timeout", type=positive, default=600, help="seconds per cell (default: 600)"
+    )
     grd.add_argument(
         "--source",
         default=None,

@@ -115,6 +115,10 @@ def export(
             overlaps the book sources, or an existing folder is not ours.
         PermissionError: ``out`` is not writable.
     """
+    if not str(out).strip():  # Path("") is "." (the current folder): refuse it before
+        raise ConfigError(
+            "--out is empty; it names the export folder. Fix: e.g. --out course_export."
+        )
     root = find_book_root(source)
     out = _check_out_dir(Path(out))
     if _inside(out, root / "book"):

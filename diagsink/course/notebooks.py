@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 import yaml
+from nbconvert.preprocessors import ClearOutputPreprocessor, TagRemovePreprocessor
 
 from ..exercises import labels as registered_labels
 
@@ -342,12 +343,19 @@ def exercise_problems(
 # --------------------------------------------------------------------------- editions
 
 
+#: A tag set, on a copy only, on the cells from ``{solution-start}`` to ``{solution-end}`` (the
+#: markers are markdown cells without tags), so that one :class:`TagRemovePreprocessor` drops
+#: them together with the ``exercise-solution`` code cells.
+_SPAN_TAG = "diagsink-solution-span"
+
+
 def _cleared(nb, edition: str, source: str):
+    """A copy of ``nb`` with every output and execution count cleared (nbconvert's
+    :class:`ClearOutputPreprocessor`, also dropping the ``execution`` timing metadata), marked
+    with its edition and its chapter (``metadata.diagsink``)."""
     nb = copy.deepcopy(nb)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
+    nb, _ = ClearOutputPreprocessor(remove_metadata_fields={"execution"}).preprocess(nb, {})
+    for cell in nb.cells:  # markdown cells too (the preprocessor clears code cells only)
         cell.metadata.pop("execution", None)
     nb.metadata.pop("widgets", None)
     nb.metadata["diagsink"] = {"edition": edition, "source": source}
@@ -356,12 +364,18 @@ def _cleared(nb, edition: str, source: str):
 
 def student_version(nb, source: str = ""):
     """The student edition: solution cells and the solution-start..solution-end cells removed,
-    stubs and checks kept, outputs empty. ``nb`` is not modified."""
+    stubs and checks kept, outputs empty. ``nb`` is not modified.
+
+    Made with nbconvert's preprocessors: :class:`ClearOutputPreprocessor` (outputs) and
+    :class:`TagRemovePreprocessor` (the cells tagged ``exercise-solution``, and the gated
+    span, tagged on the copy)."""
     spans, _ = _solution_spans(nb)
-    drop = {i for s, e, _ in spans for i in range(s, e + 1)}
-    drop |= {i for i, c in enumerate(nb.cells) if SOLUTION_TAG in _tags(c)}
     out = _cleared(nb, "student", source)
-    out.cells = [c for i, c in enumerate(out.cells) if i not in drop]
+    for start, end, _ in spans:
+        for cell in out.cells[start : end + 1]:
+            cell.metadata["tags"] = [*_tags(cell), _SPAN_TAG]
+    remover = TagRemovePreprocessor(remove_cell_tags={SOLUTION_TAG, _SPAN_TAG})
+    out, _ = remover.preprocess(out, {})
     return out
 
 
