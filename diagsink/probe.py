@@ -39,6 +39,7 @@ from torch.nn.modules import module as _module
 
 from . import plotting, stats
 from .attention import TemporalAttention, bias_from_diagonal
+from .errors import DiagsinkError
 from .regularize import SINK_ATTR, _same_tensor, is_regularized, mha_weights
 
 __all__ = [
@@ -376,6 +377,12 @@ def sensitivity_profile(
         raise ValueError(f"method={method!r} is not known; choose 'exact' or 'hutchinson'.")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise ValueError("x must be a floating-point tensor (the input of f).")
+    for name, dim in (("time_dim", time_dim), ("batch_dim", batch_dim)):
+        if dim is not None and not (isinstance(dim, int) and -x.dim() <= dim < x.dim()):
+            raise ValueError(
+                f"{name}={dim!r} is not an axis of x, which has ndim={x.dim()} (shape "
+                f"{tuple(x.shape)}); pass an axis in [{-x.dim()}, {x.dim() - 1}]."
+            )
     time_dim, batch_dim = time_dim % x.dim(), None if batch_dim is None else batch_dim % x.dim()
     if batch_dim == time_dim:
         raise ValueError(f"batch_dim and time_dim are both axis {time_dim}; name two axes.")
@@ -412,11 +419,20 @@ def report(
     Each panel is the mean of all maps recorded under a name (over sequences and heads);
     the profile panel draws ``S_j`` with ±2 standard errors when it has them.
     """
+    if not isinstance(rec, Recording):
+        raise DiagsinkError(
+            f"report() takes the Recording of `with probe.record(model) as rec:`, got "
+            f"{type(rec).__name__}; record the model's forward pass first and pass `rec`."
+        )
     plotting.use_style()
     rows = table(rec)
     panels = len(rows) + (profile is not None)
     if not panels:
-        raise ValueError("nothing was recorded: run the model inside `with record(model) as rec:`.")
+        raise DiagsinkError(
+            "nothing was recorded: the model computed no self-attention inside "
+            "`with record(model) as rec:` (it has no nn.MultiheadAttention, TemporalAttention "
+            "or scaled_dot_product_attention call); probe a model with temporal attention."
+        )
     ncol = min(columns, panels)
     nrow = math.ceil(panels / ncol)
     fig, axs = plt.subplots(

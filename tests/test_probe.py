@@ -12,6 +12,7 @@ from torch import nn
 
 import diagsink.stats as stats
 from diagsink.attention import TemporalAttention
+from diagsink.errors import DiagsinkError
 from diagsink.probe import map_stats, record, report, sensitivity_profile, table
 from diagsink.regularize import regularize
 
@@ -282,3 +283,23 @@ def test_path_norms_of_an_mha_are_its_exact_jacobian():
     blocks = auto.permute(0, 2, 1, 3).flatten(2).norm(dim=-1)  # [T, T] Frobenius of each block
     assert norms["total"]["diagonal"] == pytest.approx(float(blocks.diagonal().mean()), rel=1e-9)
     assert norms["query"]["off_diagonal"] == 0.0 and norms["query"]["diagonal"] > 0
+
+
+@pytest.mark.parametrize(
+    "dims", [{"time_dim": 3}, {"time_dim": -4}, {"time_dim": 1, "batch_dim": 5}]
+)
+def test_sensitivity_profile_names_an_axis_that_x_lacks(dims):
+    x = torch.randn(2, 5, 3)
+    name, value = [(k, v) for k, v in dims.items() if v not in (1,)][0]
+    with pytest.raises(ValueError, match=rf"{name}={value} is not an axis of x.*ndim=3"):
+        sensitivity_profile(lambda z: z.sum(-1), x, **dims)
+
+
+def test_report_without_attention_is_a_clear_error():
+    model = nn.Sequential(nn.Linear(4, 4))
+    with record(model) as rec:
+        model(torch.randn(2, 3, 4))
+    with pytest.raises(DiagsinkError, match="no nn.MultiheadAttention, TemporalAttention"):
+        report(rec)
+    with pytest.raises(DiagsinkError, match="takes the Recording.*got Sequential"):
+        report(model)
