@@ -79,8 +79,10 @@ def read_submission(path: Path) -> Any:
     try:
         nbformat.validate(nb)
     except nbformat.ValidationError as exc:
+        where = "/".join(str(p) for p in getattr(exc, "absolute_path", ()))
+        at = f" at {where}" if where else ""
         raise SubmissionError(
-            f"{path}: not a valid notebook ({_short(exc.message)}). {fix}"
+            f"{path}: not a valid notebook ({_short(exc.message)}{at}). {fix}"
         ) from exc
     return nb
 
