@@ -5,9 +5,11 @@ the regularizer of :class:`~diagsink.attention.TemporalAttention`: it adds the d
 bias ``b`` of :func:`~diagsink.attention.diagonal_bias` (``-inf`` for ``"mask"``, ``-inf``
 with probability ``p`` in training mode for ``"dropout"``, a constant for ``"penalty"``) to
 the attention logits ``q_i · k_j / sqrt(d_h)``, next to the caller's ``attn_mask`` and
-``key_padding_mask``. Only the module's ``forward`` is replaced (an instance attribute): the
-parameters, buffers and ``state_dict`` keys stay as they are, so a regularized model loads the
-original class's weights and back, and :func:`unregularize` restores the original forward.
+``key_padding_mask``. It does so through PyTorch's public interface: a forward pre-hook
+(``register_forward_pre_hook(..., with_kwargs=True)``) passes the sum of the caller's mask
+and the bias as ``attn_mask``, and the module's own forward runs unchanged. The parameters,
+buffers and ``state_dict`` keys stay as they are, so a regularized model loads the original
+class's weights and back, and :func:`unregularize` removes the hook.
 
 The regularized layer equals the package's own layer with copied weights
 (:func:`as_temporal_attention`): ``TemporalAttention(residual=False, norm=None)``, the
@@ -22,8 +24,8 @@ Used in the chapter "Your own model" (``book/own_model.ipynb``, part "Beyond the
 from __future__ import annotations
 
 import copy
+import inspect
 import math
-import types
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +48,8 @@ __all__ = [
 REGULARIZERS = ("mask", "dropout", "penalty")
 
 _CONFIG = "_diagsink_regularizer"  # attribute holding the Regularizer of a wrapped module
-_HOOK = "_diagsink_hook_id"  # id of the no-op pre-hook that turns off the encoder fast path
+_HOOK = "_diagsink_hook"  # the handle of the pre-hook (its presence also turns off the fused
+#: eval-mode path of nn.TransformerEncoderLayer, which would never call the attention module)
 _NESTED = "_diagsink_use_nested_tensor"  # an encoder's use_nested_tensor before regularize
 #: attribute a recorder (diagsink.probe) sets to a callable that receives the regularized
 #: weights ``[N, H, L, S]`` (before attention dropout) of every call.
@@ -94,7 +97,7 @@ def _functional(
     training: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``F.multi_head_attention_forward`` with the module's parameters on sequence-first input."""
-    separate = not mha._qkv_same_embed_dim
+    separate = mha.in_proj_weight is None  # separate q, k, v weights (kdim or vdim != embed_dim)
     return F.multi_head_attention_forward(
         *qkv,
         mha.embed_dim,
@@ -194,25 +197,22 @@ def _diag_bias(
     return bias
 
 
-def _regularized_forward(
-    self: nn.MultiheadAttention,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_padding_mask: torch.Tensor | None = None,
-    need_weights: bool = True,
-    attn_mask: torch.Tensor | None = None,
-    average_attn_weights: bool = True,
-    is_causal: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``nn.MultiheadAttention.forward`` with the diagonal bias added to the logits.
+#: ``nn.MultiheadAttention.forward``'s parameters, to read a call's arguments by name
+_MHA_SIGNATURE = inspect.signature(nn.MultiheadAttention.forward)
+
+
+def _add_regularizer(self: nn.MultiheadAttention, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook: the call's ``attn_mask`` plus the diagonal bias; the forward is PyTorch's.
 
     Shapes as in ``nn.MultiheadAttention``: ``[N, T, E]`` (``batch_first``), ``[T, N, E]``
-    or ``[T, E]``. The diagonal pattern is drawn first, then the attention dropout; with
-    attention dropout in training mode the weights are computed explicitly (as
-    ``TemporalAttention`` does on the CPU), so the same seed drops the same weights.
+    or ``[T, E]``. The diagonal pattern is drawn here, before the attention dropout that the
+    forward draws, as in ``TemporalAttention``: the same seed gives the same draws. Boolean
+    masks become float masks (``True`` = not allowed: ``-inf``), so that the two add up.
     """
-    cfg: Regularizer = getattr(self, _CONFIG)
+    call = _MHA_SIGNATURE.bind(self, *args, **kwargs)
+    call.apply_defaults()
+    a = call.arguments
+    query, key = a["query"], a["key"]
     if query.is_nested:
         raise ValueError(
             "regularize() got a nested tensor (nn.TransformerEncoder's fast path); build the "
@@ -225,48 +225,26 @@ def _regularized_forward(
             "that is not its key (cross-attention: the diagonal i == j means nothing there). "
             "Leave it out with regularize(..., skip=[<its name>])."
         )
-    if is_causal and attn_mask is None:
+    if a["is_causal"] and a["attn_mask"] is None:
         raise ValueError(
             "is_causal=True needs the causal mask as attn_mask (as nn.MultiheadAttention): "
             "pass attn_mask=nn.Transformer.generate_square_subsequent_mask(T)."
         )
-    bias = _diag_bias(self, cfg, query)
-    mask = _float_mask(attn_mask, query.dtype)
+    bias = _diag_bias(self, getattr(self, _CONFIG), query)
+    mask = _float_mask(a["attn_mask"], query.dtype)
     if bias is not None:
         mask = bias if mask is None else mask + bias
-    pad = _float_mask(key_padding_mask, query.dtype)
-    dropout_p = self.dropout if self.training else 0.0
-    qkv = _seq_first(self, query, key, value)
-    common = {"key_padding_mask": pad, "attn_mask": mask}
-    out, weights = _functional(
-        self,
-        qkv,
-        **common,
-        need_weights=need_weights or dropout_p > 0.0,
-        average=average_attn_weights,
-        dropout_p=dropout_p,
-        training=self.training,
-    )
+    a["attn_mask"], a["is_causal"] = mask, False  # the sum is no longer a causal mask alone
+    a["key_padding_mask"] = _float_mask(a["key_padding_mask"], query.dtype)
     sink = getattr(self, SINK_ATTR, None)
     if sink is not None:  # a recorder wants the weights before attention dropout
-        pre = {"need_weights": True, "average": False, "dropout_p": 0.0, "training": False}
-        with torch.no_grad():
-            sink(_functional(self, qkv, **common, **pre)[1])
-    if self.batch_first and query.dim() == 3:
-        out = out.transpose(0, 1)
-    return out, (weights if need_weights else None)
-
-
-def _no_fast_path(module: nn.Module, args: tuple) -> None:
-    """No-op pre-hook: its presence turns off ``nn.TransformerEncoderLayer``'s fused fast path.
-
-    That path (``torch._transformer_encoder_layer_fwd``) never calls ``self_attn.forward`` and
-    so would skip the regularizer; PyTorch does not take it when a hook is attached.
-    """
+        sink(mha_weights(self, query, key, a["value"], a["key_padding_mask"], mask))
+    del a["self"]
+    return (), a
 
 
 def is_regularized(module: nn.Module) -> bool:
-    """Whether :func:`regularize` has replaced this module's forward."""
+    """Whether :func:`regularize` has attached its pre-hook to this module."""
     return isinstance(getattr(module, _CONFIG, None), Regularizer)
 
 
@@ -348,8 +326,7 @@ def regularize(
     cfg = Regularizer(str(diag), float(p), float(penalty), bool(shared))
     for _, mha in targets:
         setattr(mha, _CONFIG, cfg)
-        mha.forward = types.MethodType(_regularized_forward, mha)
-        setattr(mha, _HOOK, mha.register_forward_pre_hook(_no_fast_path).id)
+        setattr(mha, _HOOK, mha.register_forward_pre_hook(_add_regularizer, with_kwargs=True))
     for m in model.modules():
         if isinstance(m, nn.TransformerEncoder) and getattr(m, "use_nested_tensor", False):
             setattr(m, _NESTED, True)
@@ -367,8 +344,7 @@ def unregularize(model: nn.Module) -> nn.Module:
         if is_regularized(m):
             found = True
             delattr(m, _CONFIG)
-            del m.forward  # the instance attribute; the class's forward shows through again
-            m._forward_pre_hooks.pop(getattr(m, _HOOK), None)
+            getattr(m, _HOOK).remove()  # the hook's handle
             delattr(m, _HOOK)
         if getattr(m, _NESTED, False):
             m.use_nested_tensor = True
@@ -416,7 +392,7 @@ def as_temporal_attention(mha: nn.MultiheadAttention, **diag_args: object) -> Te
     c = mha.embed_dim
     with torch.no_grad():
         for k, proj in enumerate((layer.q_proj, layer.k_proj, layer.v_proj)):
-            if mha._qkv_same_embed_dim:
+            if mha.in_proj_weight is not None:  # one packed [3 E, E] in_proj_weight
                 proj.weight.copy_(mha.in_proj_weight[k * c : (k + 1) * c])
             else:
                 proj.weight.copy_(getattr(mha, f"{'qkv'[k]}_proj_weight"))

@@ -190,3 +190,27 @@ def test_mask_on_length_one_is_a_clear_error():
     x = torch.randn(2, 1, C)
     with pytest.raises(ValueError, match="T=1"):
         reg(x, x, x)
+
+
+def test_acts_through_a_public_forward_pre_hook():
+    """The module keeps PyTorch's own forward; a pre-hook passes the bias as ``attn_mask``, and
+    the package reads no private attribute of ``nn.MultiheadAttention``."""
+    import inspect
+
+    import diagsink.regularize as R
+
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    reg = regularize(mha, "penalty", penalty=-0.5)
+    assert "forward" not in vars(reg) and type(reg).forward is nn.MultiheadAttention.forward
+    x = torch.randn(3, 5, 8)
+    seen = []
+    reg.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw.get("attn_mask")), with_kwargs=True
+    )
+    reg(x, x, x)
+    torch.testing.assert_close(seen[0], -0.5 * torch.eye(5))  # the bias, as attn_mask
+    assert "_qkv_same_embed_dim" not in inspect.getsource(R)
+    unregularize(reg)
+    seen.clear()
+    reg(x, x, x)
+    assert seen == [None]  # the hook is gone: the caller's (absent) mask reaches the forward
