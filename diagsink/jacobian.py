@@ -421,16 +421,6 @@ def bound(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | Non
     return Bounds(off, off_average, diag, diag_lower, constants)
 
 
-def __getattr__(name: str):
-    """``diagsink.jacobian.network_jacobian`` and ``layernorm_jacobian`` live in :mod:`diagsink.depth`."""
-    if name in ("network_jacobian", "layernorm_jacobian"):
-        # reason: diagsink.depth builds on this module; importing it at the top would be a cycle
-        from . import depth
-
-        return getattr(depth, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def path_norms(layer: nn.Module, x: torch.Tensor, norm: str = "fro") -> dict[str, dict[str, float]]:
     """The Jacobian paths of one self-attention at one sequence ``x`` ``[T, C]``, in closed form.
 
