@@ -404,3 +404,84 @@ def test_box_checker_finds_typed_numbers_and_missing_keys():
     )
     colons = ":::{admonition} What you will learn\n:class: tip\n* a {glue}`k` b\n:::\n"
     assert _opening_box(colons) == ":class: tip\n* a {glue}`k` b" and _glue_keys(colons) == {"k"}
+
+
+# -- length, openings and the reading text (the edit to the standard of a textbook) -------------
+
+#: a chapter's prose (its markdown cells) stays under this many words: split a longer chapter
+PROSE_LIMIT = 3300
+#: a chapter's opening (its first markdown cell, the title excluded: the question and the box)
+OPENING_LIMIT = 200
+#: the introduction answers the question on one page
+INTRO_LIMIT = 1200
+# the project's tracker or a commit hash in the reading text (the same rule as the hook that
+# runs before a session stops); the changelog may name both
+_TRACKER = re.compile(r"\b(the issue|issue.s|issues? \d+)\b|`[0-9a-f]{7,40}`", re.I)
+
+
+def _markdown(path: Path) -> str:
+    """The reading text of a page: the markdown cells of a notebook, the whole of a ``.md`` file."""
+    if path.suffix == ".ipynb":
+        return "\n".join(_src(c) for c in _cells(path) if c["cell_type"] == "markdown")
+    return path.read_text(encoding="utf-8")
+
+
+def prose_words(path: Path) -> int:
+    """Words of a page's reading text (whitespace-separated, as the stop hook counts them)."""
+    return len(_markdown(path).split())
+
+
+def opening_words(cells: list[dict]) -> int:
+    """Words of the first markdown cell without its ``#`` title line."""
+    first = next((_src(c) for c in cells if c["cell_type"] == "markdown"), "")
+    return len(re.sub(r"^#\s.*$", "", first, count=1, flags=re.M).split())
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_chapter_prose_stays_under_the_limit(path: Path):
+    """Reports the chapter's prose words; fails past :data:`PROSE_LIMIT` (aim at about 3,000)."""
+    words = prose_words(path)
+    print(f"{path.name}: {words} prose words")
+    assert words <= PROSE_LIMIT, (
+        f"{path.name}: {words} prose words, more than {PROSE_LIMIT}: split the chapter by "
+        "cohesion or move the fine print to an appendix"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_chapter_opening_is_short(path: Path):
+    """The opening says the question and what the reader will learn in at most about 150 words."""
+    words = opening_words(_cells(path))
+    assert words <= OPENING_LIMIT, (
+        f"{path.name}: the first cell has {words} words after the title, more than {OPENING_LIMIT}: "
+        "keep the question and the 'What you will learn' box; results belong after their definitions"
+    )
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in SOURCES if p.name != "changelog.md"], ids=lambda p: p.stem
+)
+def test_reading_text_names_no_tracker_or_commit(path: Path):
+    """No issue numbers, tracker words or commit hashes in the reading text (the changelog may)."""
+    hits = [m.group(0) for m in _TRACKER.finditer(_markdown(path))]
+    assert not hits, f"{path.name}: tracker words or commit hashes in the reading text: {hits[:5]}"
+
+
+def test_the_introduction_fits_one_page():
+    words = prose_words(ROOT / "book" / "intro.md")
+    assert words <= INTRO_LIMIT, f"book/intro.md: {words} words, more than {INTRO_LIMIT}"
+
+
+def test_length_and_tracker_rules_catch_what_they_should(tmp_path: Path):
+    assert _TRACKER.search("as the issue's targets say") and _TRACKER.search("see issue 34")
+    assert _TRACKER.search("an earlier version (commit `2c35c77`)")
+    assert not _TRACKER.search("a released commit 1b6f5e2 of the paper's code, spelled out")
+    cells = [
+        {"cell_type": "markdown", "source": "# A title with many words in it\n\n" + "word " * 10},
+        {"cell_type": "code", "source": "x = 1"},
+        {"cell_type": "markdown", "source": "more " * 50},
+    ]
+    assert opening_words(cells) == 10
+    page = tmp_path / "p.ipynb"
+    page.write_text(json.dumps({"cells": cells}))
+    assert prose_words(page) == 8 + 10 + 50  # the title line counts its '#'

@@ -26,6 +26,8 @@ def test_there_are_checks_for_every_chapter():
         "bounds",
         "metr",
         "parroting",
+        "designs",
+        "reproducing",
         "model",
         "results",
         "heatmaps",

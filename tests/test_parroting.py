@@ -127,9 +127,10 @@ def test_exercise_references_pass():
         "ex-parroting-diagonal-ratio", lambda a: stats.diagonal_mass(a).ratio, strict=True
     )
     ds.exercises.check("ex-parroting-self-share", stats.self_share, strict=True)
-    from diagsink.exercises.parroting import _scored_diagonal_reference
+    from diagsink.exercises.designs import _phase_reference, _scored_diagonal_reference
 
-    ds.exercises.check("ex-parroting-scored-diagonal", _scored_diagonal_reference, strict=True)
+    ds.exercises.check("ex-designs-scored-diagonal", _scored_diagonal_reference, strict=True)
+    ds.exercises.check("ex-designs-phase-mass", _phase_reference, strict=True)
 
 
 def test_exercise_typical_mistakes_get_hints():
@@ -157,7 +158,7 @@ def test_exercise_typical_mistakes_get_hints():
     def all_rows(attn, lag):
         return float(attn.diagonal(dim1=-2, dim2=-1).mean())
 
-    r = ds.exercises.check("ex-parroting-scored-diagonal", all_rows)
+    r = ds.exercises.check("ex-designs-scored-diagonal", all_rows)
     assert not r.passed and "rows t ≥ lag" in r.message
 
 

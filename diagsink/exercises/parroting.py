@@ -75,31 +75,3 @@ def check_self_share(fn):
     if not _close(fn(S), stats.self_share(S)):
         return "on a random map with negative entries the share is off: use absolute values |S_tj| in the numerator AND in the row total."
     return None
-
-
-def _scored_diagonal_reference(attn: torch.Tensor, lag: int) -> float:
-    return float(attn.diagonal(dim1=-2, dim2=-1)[..., lag:].mean())
-
-
-@register("ex-parroting-scored-diagonal")
-def check_scored_diagonal(fn):
-    """``fn(attn [..., T, T], lag) -> float``: mean ``α_tt`` over the scored rows ``t ≥ lag`` and every leading axis."""
-    g = fresh_generator()
-    T = int(torch.randint(8, 15, (), generator=g))
-    lag = int(torch.randint(2, 6, (), generator=g))
-    # rows t < lag look at themselves, scored rows look exactly lag steps back
-    attn = torch.zeros(T, T, dtype=torch.float64)
-    rows = torch.arange(T)
-    attn[rows[:lag], rows[:lag]] = 1.0
-    attn[rows[lag:], rows[lag:] - lag] = 1.0
-    got = fn(attn, lag)
-    if _close(got, lag / T):
-        return "you averaged over all T rows: the first `lag` rows are not scored (they have no answer in the window); average over rows t ≥ lag only."
-    if not _close(got, 0.0):
-        return "a map whose scored rows look exactly lag steps back has no weight on the scored diagonal: the answer must be 0."
-    if not _close(fn(torch.eye(T, dtype=torch.float64), lag), 1.0):
-        return "identity attention must give 1."
-    rand = torch.softmax(2 * torch.randn(3, 2, T, T, generator=g, dtype=torch.float64), -1)
-    if not _close(fn(rand, lag), _scored_diagonal_reference(rand, lag)):
-        return "on random attention the value is off: take α_tt for t = lag, ..., T − 1 and average over those rows and every leading axis."
-    return None

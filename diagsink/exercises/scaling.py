@@ -1,4 +1,4 @@
-"""Checks of the exercises in the chapter ``book/scaling.ipynb`` ("Scaling up").
+"""Checks of the exercises in the appendix ``book/scaling.ipynb`` ("Running it bigger").
 
 * ``ex-scaling-rank-loss``: ``rank_loss(pred, target, count, world_size)``, the loss one rank
   backpropagates so that DDP's average of the gradients is the gradient of the global masked MAE.
