@@ -24,6 +24,7 @@ All data here is SYNTHETIC (5 made-up sensors); nothing is read from the METR-LA
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import re
@@ -1105,3 +1106,232 @@ def test_readme_troubleshooting_quotes_the_real_messages(inputs, tmp_path, monke
         assert message in quoted, (
             f"book/troubleshooting.md is out of date; the code now prints:\n{message}"
         )
+
+
+# ---------------------------------------------------------------- config values: every key, every class
+def _range_cases():
+    """(dotted key, bad value) for every numeric key of RANGES: non-finite, below, above."""
+    from diagsink.engine.config import RANGES, SCHEMA
+
+    cases = []
+    for key, (low, high, low_in, high_in, _) in RANGES.items():
+        parents, leaf = key.split(".")[:-1], key.split(".")[-1]
+        kinds = SCHEMA[parents[0]][leaf] if parents else SCHEMA[leaf]
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        if float in kinds:
+            cases += [(key, float("nan")), (key, float("inf")), (key, float("-inf"))]
+        step = 1 if float not in kinds else 1e-9
+        cases.append((key, low if not low_in else low - step))
+        if math.isfinite(high):
+            cases.append((key, high if not high_in else high + max(step, 1e-9 * abs(high))))
+    return cases
+
+
+RANGE_CASES = _range_cases()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("key, value", RANGE_CASES, ids=[f"{k}={v!r}" for k, v in RANGE_CASES])
+def test_every_numeric_config_key_refuses_non_finite_and_out_of_range_values(key, value):
+    """One line naming the key, the value, the allowed range and the fix, before anything runs."""
+    base = load_config("quick")
+    if key == "train.min_lr":  # its range reaches up to train.lr: test it below lr's ceiling
+        base = override(base, {"train.lr": 1.0})
+    with pytest.raises(ConfigError) as info:
+        override(base, {key: value})
+    message = str(info.value)
+    assert "\n" not in message and f"config key {key} = " in message, message
+    assert "out of range" in message and "Fix: set " + key in message, message
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("train.min_lr", 1e-2),  # above train.lr = 5e-3
+        ("train.warmup_epochs", 5),  # = train.epochs
+        ("data.ratios", [0.7, float("nan"), 0.3]),
+    ],
+)
+def test_related_config_values_are_checked_together(key, value):
+    with pytest.raises(ConfigError) as info:
+        override(load_config("quick"), {key: value})
+    assert key in str(info.value) and "\n" not in str(info.value)
+
+
+def test_config_ranges_cover_every_numeric_key_and_admit_every_shipped_value():
+    """No numeric key escapes the range table, and every shipped protocol file is inside it."""
+    from diagsink.engine.config import PROTOCOLS, RANGES, SCHEMA
+
+    numeric = {
+        f"{section}.{k}" if isinstance(v, dict) else section
+        for section, v in SCHEMA.items()
+        for k, kind in (v.items() if isinstance(v, dict) else [(section, v)])
+        if (kind if isinstance(kind, tuple) else (kind,))[0] in (int, float)
+    }
+    assert numeric - set(RANGES) == set()
+    shipped = sorted((ROOT / "diagsink" / "configs").glob("*.yaml"))
+    assert {p.stem for p in shipped} >= set(PROTOCOLS)
+    for path in shipped:
+        assert load_config(path) == (
+            load_config(path.stem) if path.stem in PROTOCOLS else load_config(path)
+        )
+
+
+@pytest.mark.parametrize("penalty", [-100.0, 100.0])
+def test_the_largest_allowed_diagonal_penalty_trains_without_overflow(penalty):
+    """The ends of regularizers.diag_penalty's range: finite outputs and gradients, float32 and bf16."""
+    from diagsink.engine.config import PENALTY_BOUND
+    from diagsink.model import TSModel
+
+    assert abs(penalty) == PENALTY_BOUND
+    model = TSModel(
+        5, [torch.eye(5)], variant="penalty", diag_penalty=penalty, d_model=8, n_heads=2, depth=1
+    )
+    x = torch.randn(3, 12, 5, 2)
+    out = model(x)
+    out.square().mean().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(model(x).float()).all()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("protocol: custom-a\nprotocol: custom-b\n", ["'protocol'", "lines 1 and 2"]),
+        ("train:\n  clip: 5.0\n  lr: 1.0\n  clip: -1.0\n", ["'clip'", "lines 2 and 4"]),
+    ],
+)
+def test_a_key_given_twice_in_a_protocol_file_is_refused(tmp_path, text, words):
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert all(w in message for w in words) and "given twice" in message and "Fix" in message
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("name", ["paper", "book", "quick", "slice", "full29", "full29-released"])
+def test_a_file_claiming_a_shipped_protocol_name_must_hold_that_protocol(tmp_path, name):
+    shipped = load_config(name)
+    same = tmp_path / f"{name}-copy.yaml"
+    same.write_text(yaml.safe_dump(shipped))
+    assert load_config(same) == shipped  # an exact copy is that protocol
+    other = override(shipped, {"train.clip": 1.0})
+    changed = tmp_path / f"{name}-changed.yaml"
+    changed.write_text(yaml.safe_dump(other))
+    with pytest.raises(ConfigError) as info:
+        load_config(changed)
+    message = str(info.value)
+    assert (
+        f"'{name}'" in message and "train.clip = 1.0" in message and f"'custom-{name}'" in message
+    )
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--out", ""], ["--out is empty", "Fix"]),
+        (["--protocol", "{clip}"], ["train.clip = -1.0", "out of range", "Fix"]),
+        (["--protocol", "{twice}"], ["given twice", "Fix"]),
+        (["--protocol", "{claims}"], ["'quick'", "custom-quick"]),
+    ],
+    ids=["empty --out", "negative clip", "key twice", "claims quick"],
+)
+def test_train_refuses_bad_configs_and_outputs_before_anything_runs(
+    inputs, tmp_path, monkeypatch, capsys, argv, words
+):
+    base = yaml.safe_load(inputs["tiny"].read_text())
+    files = {}
+    for name, change in (("clip", {"clip": -1.0}), ("claims", {"clip": 1.0})):
+        cfg = json.loads(json.dumps(base))
+        cfg["train"].update(change)
+        cfg["protocol"] = "quick" if name == "claims" else cfg["protocol"]
+        files[name] = tmp_path / f"{name}.yaml"
+        files[name].write_text(yaml.safe_dump(cfg))
+    files["twice"] = tmp_path / "twice.yaml"
+    files["twice"].write_text(inputs["tiny"].read_text() + "seeds: 2\n")
+    monkeypatch.chdir(tmp_path)
+    full = ["train", "--variant", "none", "--protocol", str(inputs["tiny"]), "--out", "results"]
+    full += ["--data", str(inputs["good"]), "--no-progress", "--device", "cpu"]
+    for i in range(0, len(argv), 2):
+        full[full.index(argv[i]) + 1] = argv[i + 1].format(**{k: str(v) for k, v in files.items()})
+    assert main(full) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert all(w in lines[0] for w in words), lines[0]
+    assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.json"))
+
+
+# ---------------------------------------------------------------- nothing finished is overwritten
+def test_train_keeps_a_finished_result_of_another_configuration(inputs, tmp_path, capsys):
+    """``diagsink train`` into a folder with a finished run of the same protocol name: the old
+    artifact and state dict move to ``superseded/``, byte for byte (like ``reproduce``); the same
+    configuration trained again is kept too, under another name."""
+    out = tmp_path / "results"
+    other = tmp_path / "other.yaml"
+    cfg = yaml.safe_load(inputs["tiny"].read_text())
+    cfg["train"]["epochs"] = 3
+    other.write_text(yaml.safe_dump(cfg))
+    argv = ["train", "--variant", "none", "--data", str(inputs["good"]), "--out", str(out)]
+    argv += ["--no-progress", "--device", "cpu", "--protocol"]
+    folder = out / "custom-tiny"
+    assert main([*argv, str(inputs["tiny"])]) == 0
+    first = {p.name: p.read_bytes() for p in folder.glob("none_seed0.*")}
+    assert set(first) == {"none_seed0.json", "none_seed0.pt"}
+    assert main([*argv, str(other)]) == 0
+    kept = {p.name.split(".")[-1]: p.read_bytes() for p in (folder / "superseded").iterdir()}
+    assert kept == {"json": first["none_seed0.json"], "pt": first["none_seed0.pt"]}
+    assert json.loads((folder / "none_seed0.json").read_text())["epochs_run"] == 3
+    assert main([*argv, str(other)]) == 0
+    assert len(list((folder / "superseded").glob("*.json"))) == 2
+    assert "kept the earlier result" in capsys.readouterr().out
+
+
+def test_a_non_finite_number_leaves_no_state_dict_without_its_artifact(tmp_path, monkeypatch):
+    """A NaN in the artifact (here: a metric) stops the write before any file of the run exists."""
+    from diagsink.data.toy import toy_data
+    from diagsink.engine import train as engine
+    from diagsink.engine.artifacts import ArtifactError
+    from diagsink.engine.train import train_run
+
+    real = engine.horizon_metrics
+    monkeypatch.setattr(
+        engine, "horizon_metrics", lambda p, t: {**real(p, t), "MAE@6": float("nan")}
+    )
+    cfg = override(load_config("quick"), TINY)
+    cfg["protocol"] = "custom-tiny"
+    with pytest.raises(ArtifactError, match=r"metrics\.MAE@6 is not a finite number.*Fix"):
+        train_run(cfg, "none", 0, data=toy_data(), device="cpu", out_dir=tmp_path, progress=False)
+    # only the checkpoint is left (a rerun resumes from it), no state dict, no artifact
+    assert [p.name for p in (tmp_path / "custom-tiny").iterdir()] == [".checkpoints"]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("code", ["ENOSPC", "EIO"])
+def test_a_failed_write_names_the_file_and_the_fix_and_keeps_the_old_file(
+    tmp_path, monkeypatch, code
+):
+    import errno as errno_module
+
+    from diagsink import _io
+
+    target = tmp_path / "result.json"
+    target.write_text("old")
+
+    def full_disk(fd):
+        raise OSError(getattr(errno_module, code), os.strerror(getattr(errno_module, code)))
+
+    monkeypatch.setattr(_io.os, "fsync", full_disk)
+    with pytest.raises(OSError) as info:
+        _io.atomic_write_text(target, "new")
+    message = str(info.value)
+    assert str(target) in message and "Fix:" in message and "\n" not in message
+    assert info.value.errno == getattr(errno_module, code)
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["result.json"]

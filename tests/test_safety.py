@@ -357,3 +357,45 @@ def test_packaged_configs_load_with_the_safe_yaml_loader():
         text = (ROOT / "diagsink" / "configs" / f"{name}.yaml").read_text()
         assert "!!python" not in text
         assert yaml.safe_load(text) == load_config(name)
+
+
+# ---------------------------------------------------------------- adjacency files and protocol files
+@pytest.mark.bad_input
+@pytest.mark.parametrize("content", ["object", "text", "garbage", "npz"])
+def test_an_adjacency_npy_that_is_not_numbers_is_one_error_naming_the_file(tmp_path, content):
+    """``adj_mx.npy`` holding objects (a pickle), text, random bytes or an archive: one DataError
+    naming the file and the fix, and no pickle is ever loaded."""
+    from diagsink.data.files import read_adjacency
+
+    path = tmp_path / "adj_mx.npy"
+    if content == "object":
+        np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    elif content == "text":
+        np.save(path, np.array([["1", "2"], ["3", "4"]]))
+    elif content == "garbage":
+        path.write_bytes(b"\x93NUMPY not really" + bytes(range(200)))
+    else:
+        with open(path, "wb") as handle:
+            np.savez(handle, adj=np.eye(2))
+    with pytest.raises(DataError) as info:
+        read_adjacency(tmp_path, ["1", "2"])
+    message = str(info.value)
+    assert str(path) in message and "Fix" in message and "\n" not in message
+
+
+def test_a_numeric_adjacency_npy_still_loads(tmp_path):
+    from diagsink.data.files import read_adjacency
+
+    np.save(tmp_path / "adj_mx.npy", np.eye(3, dtype=np.float64))
+    adj = read_adjacency(tmp_path, ["1", "2", "3"])
+    assert adj.dtype == np.float32 and np.array_equal(adj, np.eye(3))
+
+
+@pytest.mark.bad_input
+def test_protocol_files_go_through_the_safe_loader_even_with_the_duplicate_key_check(tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.yaml"
+    path.write_text(f"protocol: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+    assert not marker.exists()

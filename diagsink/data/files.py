@@ -186,6 +186,19 @@ def load_adj_pickle(path: str | Path) -> tuple[list[str], dict[str, int], np.nda
     return ids, {str(k): int(v) for k, v in dict(obj[1]).items()}, obj[2]
 
 
+def _read_npy_adjacency(npy: Path) -> np.ndarray:
+    """``adj_mx.npy`` as a numeric array; anything else (object, text, .npz, damaged) is one DataError."""
+    fix = "Fix: save the [N, N] weights with np.save(path, weights.astype('float32')), or use `diagsink data download`."
+    try:
+        adj = np.load(npy, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:  # object arrays, truncated or foreign files
+        raise DataError(f"{npy} cannot be read as a numeric array ({exc}). {fix}") from exc
+    if not isinstance(adj, np.ndarray) or adj.dtype.kind not in "biuf":
+        kind = adj.dtype if isinstance(adj, np.ndarray) else type(adj).__name__
+        raise DataError(f"{npy} holds {kind} values, not numbers. {fix}")
+    return adj
+
+
 def read_adjacency(root: Path, sensor_ids: list[str]) -> np.ndarray:
     """DCRNN's adjacency ``[N, N]`` float32 from ``adj_mx.pkl`` (or ``adj_mx.npy``), checked against the ids."""
     pkl, npy = root / "adj_mx.pkl", root / "adj_mx.npy"
@@ -197,7 +210,7 @@ def read_adjacency(root: Path, sensor_ids: list[str]) -> np.ndarray:
                 "Fix: take both files from the same DCRNN checkout (`diagsink data download`)."
             )
     elif npy.is_file():
-        adj = np.load(npy, allow_pickle=False)
+        adj = _read_npy_adjacency(npy)
     else:
         raise DataError(missing_files_message(root, ["adj_mx.pkl"]))
     n = len(sensor_ids)
