@@ -4,7 +4,11 @@
     diagsink reproduce --protocol book --seeds 4 [--device cuda] [--out DIR]
 
 Artifacts go to ``DIR/<protocol>/<variant>_seed<k>.json`` (default ``DIR = book/results``);
-no path can leave ``DIR``. ``reproduce`` trains every variant for seeds ``0..seeds-1`` and
+no path can leave ``DIR`` (an empty ``--out ""`` is refused). A finished artifact already at a
+run's path is never overwritten: ``train`` and ``reproduce`` move it, with its state dict, to
+``DIR/<protocol>/superseded/`` first. A protocol file is checked whole before anything runs
+(:func:`diagsink.engine.config.load_config`: every value in its range, no key twice, no
+shipped protocol's name on other contents). ``reproduce`` trains every variant for seeds ``0..seeds-1`` and
 skips runs whose valid artifact with the same config already exists, so rerunning it after an
 interruption finishes the missing runs (an interrupted run resumes from its checkpoint).
 The engine is :mod:`diagsink.engine.train`; see ``book/model.ipynb`` and ``book/results.ipynb``.
