@@ -8,7 +8,7 @@ import re
 import pytest
 
 from diagsink._io import sha256_file
-from diagsink.data.toy import toy_data
+from diagsink.data import toy_data
 from diagsink.engine.artifacts import (
     ArtifactError,
     checksum,

@@ -342,9 +342,9 @@ def test_normalisations_numpy_and_torch_agree():
 def test_package_exports():
     assert ds.data.load_metr_la is D.load_metr_la is D.metr_la.load_metr_la
     assert ds.data.adjacency is A and ds.data.split_windows is D.windows.split_windows
-    assert ds.data.toy_data is D.toy.toy_data and ds.metrics.masked_mae
+    assert ds.data.toy_data is D.synthetic.toy_data and ds.metrics.masked_mae
     # every public name of the data modules is reachable from diagsink.data itself
-    for module in (D.metr_la, D.files, D.windows, D.adjacency, D.baselines, D.toy):
+    for module in (D.metr_la, D.files, D.windows, D.adjacency, D.baselines, D.synthetic):
         assert all(getattr(D, name) is getattr(module, name) for name in module.__all__)
 
 

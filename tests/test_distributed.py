@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diagsink.cli.launch import launch_command
-from diagsink.data.toy import toy_data
+from diagsink.data import toy_data
 from diagsink.engine.config import load_config, override
 from diagsink.engine.distributed import SingleProcess, env_info, rank_loss, shard_batch
 from diagsink.engine.runs import run_paths

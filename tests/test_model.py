@@ -327,7 +327,7 @@ def test_bad_block_order_is_a_config_error(bad):
 
 
 def test_block_order_is_optional_and_the_default_keeps_the_hash():
-    from diagsink.data.toy import toy_data
+    from diagsink.data import toy_data
     from diagsink.engine.config import OPTIONAL, PROTOCOLS, config_hash, load_config, override
     from diagsink.engine.prepare import prepare
     from diagsink.engine.train import build_model

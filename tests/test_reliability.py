@@ -151,7 +151,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
 # ---------------------------------------------------------------- the API table
 def _api_cases():
     """(id, call(inputs), exception type, words that must all appear in the message)."""
-    from diagsink.data.toy import toy_data
+    from diagsink.data import toy_data
     from diagsink.engine.train import train_run
     from diagsink.graphconv import DiffusionGraphConv
     from diagsink.model import TSModel
@@ -688,7 +688,7 @@ WRITER = textwrap.dedent("""
     from diagsink.engine.artifacts import write_artifact
     from diagsink.engine.config import load_config, override
     from diagsink.engine.runs import run_paths
-    from diagsink.data.toy import toy_data
+    from diagsink.data import toy_data
     from diagsink.engine.train import train_run
     out = sys.argv[1]
     cfg = override(load_config("quick"), {tiny!r})
@@ -1296,7 +1296,7 @@ def test_train_keeps_a_finished_result_of_another_configuration(inputs, tmp_path
 
 def test_a_non_finite_number_leaves_no_state_dict_without_its_artifact(tmp_path, monkeypatch):
     """A NaN in the artifact (here: a metric) stops the write before any file of the run exists."""
-    from diagsink.data.toy import toy_data
+    from diagsink.data import toy_data
     from diagsink.engine import train as engine
     from diagsink.engine.artifacts import ArtifactError
     from diagsink.engine.train import train_run

@@ -27,7 +27,7 @@ import torch
 import yaml
 
 from diagsink import data as D
-from diagsink.data.toy import toy_data
+from diagsink.data import toy_data
 from diagsink.engine.config import PROTOCOLS, load_config, validate_config
 from diagsink.engine.runs import run_paths
 from diagsink.engine.train import train_run

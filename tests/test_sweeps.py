@@ -8,7 +8,7 @@ import torch
 
 import diagsink as ds
 from diagsink.cli import main
-from diagsink.data.toy import toy_data
+from diagsink.data import toy_data
 from diagsink.engine.artifacts import load_artifact, load_results
 from diagsink.engine.config import load_config, override
 from diagsink.engine.sweeps import load_sweep, point_path, run_sweep, sweep_points, sweep_rows

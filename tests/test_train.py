@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from diagsink.cli import main
-from diagsink.data.toy import toy_data
+from diagsink.data import toy_data
 from diagsink.engine.config import PROTOCOLS, config_hash, load_config, override
 from diagsink.engine.prepare import batch, prepare
 from diagsink.engine.runs import reproduce, run_paths
@@ -147,7 +147,7 @@ SCRIPT = textwrap.dedent(
     import sys, time, torch
     torch.set_num_threads(1)
     from diagsink.engine.config import load_config, override
-    from diagsink.data.toy import toy_data
+    from diagsink.data import toy_data
     from diagsink.engine.train import train_run
     import diagsink.engine.train as T
     cfg = override(load_config("quick"), {tiny!r})

@@ -8,7 +8,7 @@ Explained in the chapter ``book/metr_la.ipynb`` ("METR-LA"). The modules:
 * :mod:`~diagsink.data.windows`    the 12-in/12-out windows, the chronological split, the scaler
 * :mod:`~diagsink.data.adjacency`  DCRNN's Gaussian-kernel graph and its diffusion supports
 * :mod:`~diagsink.data.baselines`  historical average and last value
-* :mod:`~diagsink.data.toy`        a small synthetic stand-in for tests and demonstrations
+* :mod:`~diagsink.data.synthetic`  a small synthetic stand-in for tests and demonstrations (:func:`toy_data`)
 
 Every public name of these modules is importable from :mod:`diagsink.data` itself.
 
@@ -18,13 +18,13 @@ readings are documented once, in :mod:`diagsink.data.metr_la`.
 
 from __future__ import annotations
 
-from . import adjacency, baselines, download, files, metr_la, toy, windows
+from . import adjacency, baselines, download, files, metr_la, synthetic, windows
 from ._unpickle import RestrictedUnpickler
 from .adjacency import *  # noqa: F403
 from .baselines import *  # noqa: F403
 from .files import *  # noqa: F403
 from .metr_la import *  # noqa: F403
-from .toy import *  # noqa: F403
+from .synthetic import *  # noqa: F403
 from .windows import *  # noqa: F403
 
 __all__ = [
@@ -33,13 +33,13 @@ __all__ = [
     "download",
     "files",
     "metr_la",
-    "toy",
+    "synthetic",
     "windows",
     "RestrictedUnpickler",
     *adjacency.__all__,
     *baselines.__all__,
     *files.__all__,
     *metr_la.__all__,
-    *toy.__all__,
+    *synthetic.__all__,
     *windows.__all__,
 ]
