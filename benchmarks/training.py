@@ -286,6 +286,7 @@ def main() -> None:
     parser.add_argument("--rows", default=None, help="comma-separated row labels (default: all)")
     parser.add_argument("--compile", action="store_true", help="torch.compile our model")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/)")
+    parser.add_argument("--note", default=None, help="what else ran on the machine (recorded)")
     args = parser.parse_args()
     from diagsink._io import atomic_write_text
 
@@ -306,6 +307,7 @@ def main() -> None:
         "steps": args.steps,
         "compile": args.compile,
         "autocast": "bf16 (ours, straightforward)" if device.type == "cuda" else None,
+        "note": args.note,
         "rows": [],
     }
     print(f"UTC {table['utc']}, commit {table['git_commit']}, {table['machine']}")
