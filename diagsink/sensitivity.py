@@ -9,8 +9,8 @@ the committed runs, computed from their saved weights. Two views of the same mod
   ``S_j^2 = (1 / (B N)) Σ_b ‖∂ŷ_b / ∂x_{b,j}‖_F^2``,  ``ŷ_b`` ``[T_out, N]`` (mph),
   ``x_{b,j}`` the scaled speeds ``[N]`` of window ``b`` at step ``j``;
 
-  computed exactly (autograd, small models) or with Hutchinson's estimator, the measure of the
-  paper's released code: ``‖J‖_F^2 = E_u ‖u^T J‖^2`` for Rademacher ``u`` on the outputs, so
+  computed by the toolkit's :func:`diagsink.probe.sensitivity_profile`, exactly (autograd,
+  small models) or with Hutchinson's estimator, the measure of the paper's released code: ``‖J‖_F^2 = E_u ‖u^T J‖^2`` for Rademacher ``u`` on the outputs, so
   one backward pass per probe gives all ``T_in`` steps at once; its standard error is reported;
 * the **map statistics** of the last block per sequence and of the averaged map
   (:func:`diagsink.stats.map_statistics`);
@@ -24,7 +24,6 @@ the committed runs, computed from their saved weights. Two views of the same mod
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -35,13 +34,13 @@ from .depth import post_norm_entries
 from .engine.artifacts import PATH_PARTS
 from .engine.prepare import batch
 from .errors import ConfigError
+from .probe import Profile, sensitivity_profile
 from .stats import map_statistics, self_share
 
 __all__ = [
     "Profile",
-    "exact_step_norms",
-    "hutchinson_step_norms",
     "input_step_profile",
+    "profile_json",
     "PATH_PARTS",
     "attention_inputs",
     "sequence_block_norms",
@@ -54,27 +53,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Profile:
-    """``S_j`` for each input step ``j`` (``[T_in]``), with its standard error (Hutchinson only)."""
-
-    steps: torch.Tensor
-    se: torch.Tensor | None
-    method: str
-    windows: int
-    probes: int
-
-    def as_dict(self) -> dict:
-        """JSON-ready: lists of floats."""
-        return {
-            "S": [float(v) for v in self.steps],
-            "se": None if self.se is None else [float(v) for v in self.se],
-            "method": self.method,
-            "windows": self.windows,
-            "probes": self.probes,
-        }
-
-
 def _speed_forward(model: torch.nn.Module, x: torch.Tensor):
     """``f(speed) -> forecast`` with the other input channels of ``x`` held fixed."""
     rest = x[..., 1:]
@@ -83,38 +61,6 @@ def _speed_forward(model: torch.nn.Module, x: torch.Tensor):
         return model(torch.cat([speed.unsqueeze(-1), rest], dim=-1))
 
     return f
-
-
-def exact_step_norms(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``‖∂ŷ_b/∂x_{b,j}‖_F^2`` for every window and step, by autograd: ``[B, T_in]``.
-
-    Args:
-        model: maps ``[B, T_in, N, C]`` to ``[B, T_out, N]``; windows must not interact
-            (no batch statistics), which holds for :class:`diagsink.model.TSModel` in eval mode.
-        x: ``[B, T_in, N, C]`` inputs; channel 0 is the (scaled) speed.
-
-    The full Jacobian of each window is formed (``T_out N x T_in N`` entries): small models only.
-    """
-    out = []
-    for b in range(x.shape[0]):
-        xb = x[b : b + 1]
-        jac = torch.autograd.functional.jacobian(_speed_forward(model, xb), xb[..., 0])
-        out.append(jac.pow(2).sum(dim=(0, 1, 2, 3, 5)))  # [T_in]: over outputs and sensors
-    return torch.stack(out)
-
-
-def hutchinson_step_norms(
-    model: torch.nn.Module, x: torch.Tensor, probes: int, generator: torch.Generator
-) -> torch.Tensor:
-    """Hutchinson samples of ``‖∂ŷ_b/∂x_{b,j}‖_F^2``: ``[probes, B, T_in]``; their mean is unbiased."""
-    speed = x[..., 0].detach().requires_grad_(True)
-    pred = _speed_forward(model, x)(speed)  # one forward pass, reused by every probe
-    samples = []
-    for k in range(probes):
-        u = torch.randint(0, 2, pred.shape, generator=generator).to(pred) * 2 - 1
-        (grad,) = torch.autograd.grad(pred, speed, u, retain_graph=k < probes - 1)
-        samples.append(grad.pow(2).sum(-1))  # [B, T_in]: over sensors
-    return torch.stack(samples)
 
 
 def input_step_profile(
@@ -126,33 +72,34 @@ def input_step_profile(
 ) -> Profile:
     """``S_j`` over the windows ``x`` ``[B, T_in, N, C]`` (see the module docstring).
 
-    ``method="hutchinson"`` (``probes`` Rademacher probes per window) reports the standard
-    error of ``S_j`` over the ``probes x B`` samples (delta method, ``se(S) = se(S^2) / 2S``);
-    ``"exact"`` forms each window's Jacobian (small models only).
+    :func:`diagsink.probe.sensitivity_profile` of ``speed -> forecast`` (time axis 1, windows
+    on axis 0), divided by ``sqrt(N)``: the toolkit's one implementation, in eval mode.
+    ``method="hutchinson"`` (``probes`` Rademacher probes, each over every window at once)
+    reports the standard error of ``S_j`` over the probes (delta method,
+    ``se(S) = se(S^2) / 2S``); ``"exact"`` forms the whole Jacobian (small models only).
     """
-    if method not in ("exact", "hutchinson"):
-        raise ValueError(f"method {method!r} is not known; use 'exact' or 'hutchinson'.")
     if method == "hutchinson" and (not is_int(probes) or probes < 2):
         raise ValueError(
             f"probes = {probes!r}: Hutchinson needs a whole number >= 2 for its error."
         )
     model.eval()
-    n = x.shape[2]
-    if method == "exact":
-        sq = exact_step_norms(model, x).mean(0) / n
-        return Profile(sq.sqrt().detach(), None, "exact", x.shape[0], 0)
-    g = torch.Generator().manual_seed(seed)
-    samples = hutchinson_step_norms(model, x, probes, g).flatten(0, 1) / n  # [K B, T_in]
-    mean = samples.mean(0)
-    se_sq = samples.std(0) / math.sqrt(samples.shape[0])
-    steps = mean.clamp_min(0).sqrt()
-    return Profile(
-        steps.detach(),
-        (se_sq / (2 * steps.clamp_min(1e-30))).detach(),
-        "hutchinson",
-        x.shape[0],
-        probes,
-    )
+    speed = x[..., 0]  # [B, T_in, N]
+    kw = {"method": method, "n_samples": probes, "batch_dim": 0, "seed": seed}
+    prof = sensitivity_profile(_speed_forward(model, x), speed, 1, **kw)
+    scale = 1.0 / math.sqrt(x.shape[2])  # per sensor: the mean over N, not the sum
+    se = None if prof.se is None else (prof.se * scale).detach()
+    return prof._replace(values=(prof.values * scale).detach(), se=se)
+
+
+def profile_json(profile: Profile, windows: int) -> dict:
+    """A profile as the artifacts store it: lists of floats, the method, windows and probes."""
+    return {
+        "S": [float(v) for v in profile.values],
+        "se": None if profile.se is None else [float(v) for v in profile.se],
+        "method": profile.method,
+        "windows": windows,
+        "probes": profile.n_samples,
+    }
 
 
 # ----------------------------------------------------------------------------------------
@@ -319,7 +266,7 @@ def run_sensitivity(
         _, attn = run.model(x, return_attention=True)  # [B, N, H, T, T], eval mode
     paths = block_paths(run.model, x, path_windows, path_nodes)
     return {
-        "profile": profile.as_dict(),
+        "profile": profile_json(profile, x.shape[0]),
         "maps": map_statistics(attn),
         "paths": paths,
         "how": (

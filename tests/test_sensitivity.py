@@ -25,9 +25,9 @@ from diagsink.sensitivity import (
     attention_inputs,
     block_paths,
     describe_verdict,
-    exact_step_norms,
     input_step_profile,
     path_rows,
+    profile_json,
     run_sensitivity,
     sequence_block_norms,
     sink_verdicts,
@@ -52,10 +52,32 @@ def test_exact_profile_of_a_linear_model_is_known():
     w = torch.randn(5, 7, dtype=torch.float64)
     x = torch.randn(3, 7, 4, 2, dtype=torch.float64)
     prof = input_step_profile(StepMix(w), x, "exact")
-    torch.testing.assert_close(prof.steps, w.pow(2).sum(0).sqrt().detach())
-    assert prof.se is None and prof.windows == 3
-    # per window: ‖∂ŷ_b/∂x_{b,j}‖_F^2 = N Σ_h W[h, j]^2
-    torch.testing.assert_close(exact_step_norms(StepMix(w), x)[1], 4 * w.pow(2).sum(0).detach())
+    torch.testing.assert_close(prof.values, w.pow(2).sum(0).sqrt().detach())
+    assert prof.se is None and prof.method == "exact"
+    assert (
+        profile_json(prof, 3)["windows"] == 3 and profile_json(prof, 3)["S"] == prof.values.tolist()
+    )
+
+
+def test_one_implementation_behind_the_toolkit_and_the_trained_run_analysis():
+    """``input_step_profile`` is the toolkit's ``probe.sensitivity_profile`` per sensor."""
+    from diagsink import probe, sensitivity
+
+    assert sensitivity.Profile is probe.Profile
+    torch.manual_seed(0)
+    model, x = StepMix(torch.randn(5, 7, dtype=torch.float64)), torch.randn(3, 7, 4, 2).double()
+    ours = input_step_profile(model, x, "hutchinson", probes=6, seed=3)
+    toolkit = probe.sensitivity_profile(
+        lambda s: model(torch.cat([s.unsqueeze(-1), x[..., 1:]], -1)),
+        x[..., 0],
+        1,
+        "hutchinson",
+        6,
+        batch_dim=0,
+        seed=3,
+    )
+    torch.testing.assert_close(ours.values, toolkit.values / 2)  # / sqrt(N), N = 4
+    torch.testing.assert_close(ours.se, toolkit.se / 2)
 
 
 def test_hutchinson_agrees_with_the_exact_profile_of_a_ts_model():
@@ -66,17 +88,17 @@ def test_hutchinson_agrees_with_the_exact_profile_of_a_ts_model():
     x, _ = batch(prepared, prepared.test[:4], 12, 12)
     exact = input_step_profile(model, x, "exact")
     est = input_step_profile(model, x, "hutchinson", probes=200, seed=1)
-    z = (est.steps - exact.steps).abs() / est.se
+    z = (est.values - exact.values).abs() / est.se
     assert (z < 4).all(), z  # within 4 standard errors at every step
-    assert (est.se < 0.1 * est.steps).all()  # and the errors are small
+    assert (est.se < 0.1 * est.values).all()  # and the errors are small
     # a wrong estimator (e.g. forgetting the square) would be far off: the check can fail
-    assert not torch.allclose(est.steps, exact.steps.sqrt(), rtol=0.05)
+    assert not torch.allclose(est.values, exact.values.sqrt(), rtol=0.05)
 
 
 def test_bad_arguments_are_refused():
     x = torch.randn(1, 3, 2, 2)
     with pytest.raises(ValueError, match="exact"):
-        input_step_profile(StepMix(torch.randn(2, 3)), x, "hutch")
+        input_step_profile(StepMix(torch.randn(2, 3)), x, "hutch", probes=4)
     with pytest.raises(ValueError, match="probes"):
         input_step_profile(StepMix(torch.randn(2, 3)), x, probes=1)
 
@@ -122,7 +144,7 @@ class _Outputs(nn.Module):
 
 
 def _exact_by_one_hot_rows(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``‖∂ŷ_b/∂x_{b,j}‖_F^2`` ``[B, T_in]``, not by :func:`exact_step_norms`: every output row at once.
+    """``‖∂ŷ_b/∂x_{b,j}‖_F^2`` ``[B, T_in]``, independently of the package: every output row at once.
 
     Each window is repeated once per forecast entry and one backward pass takes a one-hot
     cotangent per copy (windows do not interact in eval mode), so copy ``k`` receives row
@@ -160,17 +182,18 @@ def test_the_hutchinson_profile_of_a_committed_run_matches_the_exact_one(one_thr
     x, _ = batch(run.prepared, run.prepared.test[:3], m["t_in"], m["t_out"])  # [3, 12, N, 2]
     model = _Outputs(run.model, [0, 69, 138, 206]).eval()
     exact_sq = _exact_by_one_hot_rows(model, x).detach()  # [B, T_in]
-    # the package's exact route (autograd.functional.jacobian, one window) gives the same numbers
-    torch.testing.assert_close(exact_step_norms(model, x[:1])[0], exact_sq[0], rtol=1e-4, atol=0)
+    # the package's exact route (one backward pass per output entry) gives the same numbers
+    by_package = input_step_profile(model, x[:1], "exact").values.pow(2) * x.shape[2]
+    torch.testing.assert_close(by_package, exact_sq[0], rtol=1e-4, atol=0)
     exact = (exact_sq.mean(0) / x.shape[2]).sqrt()  # S_j as input_step_profile defines it
     est = input_step_profile(model, x, "hutchinson", probes=32, seed=0)
-    z = (est.steps - exact).abs() / est.se
+    z = (est.values - exact).abs() / est.se
     assert (z < 4).all(), z  # within 4 standard errors at every input step
-    assert (est.se < 0.1 * est.steps).all()  # and the errors are small
+    assert (est.se < 0.1 * est.values).all()  # and the errors are small
     # the steps differ: a profile of the wrong step, or without the square, would be far off
     assert (exact.max() / exact.min()) > 1.5
-    assert not torch.allclose(est.steps, exact.flip(0), rtol=0.1)
-    assert not torch.allclose(est.steps, exact.sqrt(), rtol=0.1)
+    assert not torch.allclose(est.values, exact.flip(0), rtol=0.1)
+    assert not torch.allclose(est.values, exact.sqrt(), rtol=0.1)
 
 
 # ----------------------------------------------------------------------------------------
