@@ -1,7 +1,7 @@
 """Memory and compute of the T&S model as the network and the input sequence grow.
 
-Two ways to know what a training step costs, used side by side in the chapter
-"Scaling up" (``book/scaling.ipynb``):
+Two ways to know what a training step costs, used side by side in the appendix
+"Running it bigger" (``book/scaling.ipynb``):
 
 * **measured**: :func:`saved_activation_bytes` runs one forward pass and adds up the
   tensors autograd keeps for the backward pass (``torch.autograd.graph.saved_tensors_hooks``;

@@ -16,8 +16,8 @@ with ``model.adaptive_adjacency: false``).
 :func:`sparsify` swaps the graph convolutions of a model for sparse ones when the graph is
 large and sparse (:func:`use_sparse`: more than :data:`SPARSE_MIN_NODES` sensors and at most
 :data:`SPARSE_MAX_DENSITY` non-zeros in every fixed support), so METR-LA (207 sensors) keeps
-the dense path, which is faster at that size. Explained in the chapter "Scaling up"
-(``book/scaling.ipynb``).
+the dense path, which is faster at that size. Explained in the appendix "Running it
+bigger" (``book/scaling.ipynb``).
 """
 
 from __future__ import annotations
