@@ -56,19 +56,14 @@ CALLS = {
 
 
 def _code(text: str, *tags: str):
-    cell = nbformat.v4.new_code_cell(text)
-    if tags:
-        cell.metadata["tags"] = list(tags)
-    return cell
+    return nbformat.v4.new_code_cell(text, metadata={"tags": list(tags)} if tags else {})
+
+
+KERNEL = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
 
 def _chapter():
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": KERNEL})
     nb.cells = [
         nbformat.v4.new_markdown_cell("# Demo"),
         _code("import diagsink as ds\nimport torch"),
