@@ -420,10 +420,10 @@ class TemporalAttention(nn.Module):
             mixed = F.dropout(attn, p_drop) @ v  # [..., H, T, d_h]
         else:  # the same function in one fused call (leading axes flattened: [M, H, T, d_h])
             *lead, length, channels = h.shape
-            flat = h.reshape(-1, length, channels)
+            flat = h.reshape(-1, length, channels).contiguous()  # one copy for q, k and v
             q, k, v = (self.split_heads(p(flat)) for p in (self.q_proj, self.k_proj, self.v_proj))
             if b is not None and b.dim() > 2:  # one bias per sequence and head
-                b = b.expand(*lead, self.n_heads, length, length).flatten(0, -4)
+                b = b.expand(*lead, self.n_heads, length, length).reshape(-1, *b.shape[-3:])
             mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=b, dropout_p=p_drop)
             mixed = mixed.reshape(*lead, self.n_heads, length, self.d_head)
         out = self.out_proj(self.merge_heads(mixed))  # [..., T, C]

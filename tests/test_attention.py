@@ -361,6 +361,17 @@ def test_fused_path_equals_explicit_path_with_gradients(diag, pattern, p_attn):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)])
+def test_independent_patterns_on_the_fused_path_for_any_leading_axes(lead):
+    torch.manual_seed(6)
+    layer = _layer(diag="dropout", diag_p=0.5, diag_shared=False).train()
+    x = torch.randn(*lead, 5, 8, dtype=torch.float64)
+    torch.manual_seed(1)
+    fused = layer(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(fused, layer(x, return_attention=True)[0])
+
+
 def test_fused_path_is_one_sdpa_call_with_the_bias_as_attn_mask(monkeypatch):
     """Without ``return_attention`` the layer calls ``F.scaled_dot_product_attention`` once, with
     the regularizer's bias as ``attn_mask`` and the attention dropout as ``dropout_p``."""
