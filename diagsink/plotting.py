@@ -33,7 +33,7 @@ from .variants import FIGURE_ORDER, SHORT_LABELS
 __all__ = [
     "OKABE_ITO", "HEATMAP_CMAP", "COLUMN_PX", "MIN_PANEL_PX", "DPI", "use_style",
     "integer_steps", "panel_grid", "caption", "caption_text", "rendered_panel_widths",
-    "AveragedAttention", "average_attention", "attention_heatmap", "variant_panel", "head_grid",
+    "AveragedAttention", "average_attention", "attention_heatmap", "variant_panel", "map_grid", "head_grid",
 ]  # fmt: skip
 
 #: The Okabe–Ito palette (Okabe and Ito 2008, "Color Universal Design"), eight colours that
@@ -354,6 +354,28 @@ def variant_panel(
     else:
         labels = [f"({chr(ord('a') + k)}) {n}" for k, n in enumerate(names)]
     mats = [_as_matrix(maps[n], name=f"maps[{n!r}]") for n in names]
+    return _grid(mats, labels, how, shared_scale, title, panel_width, max_cols)
+
+
+def map_grid(
+    maps: Mapping[str, object],
+    *,
+    how: str,
+    shared_scale: bool = True,
+    title: str | None = None,
+    panel_width: float = 2.5,
+) -> plt.Figure:
+    """Titled attention maps ``title -> [T, T]`` in the grid of :func:`variant_panel`, in the
+    given order and titled by their keys (e.g. the heads or blocks of one run), each map at
+    least :data:`MIN_PANEL_PX` wide on the page. Raises ``ValueError`` as :func:`variant_panel`.
+    """
+    if not maps:
+        raise ValueError("maps is empty; pass {title: [T, T] attention map}.")
+    mats = [_as_matrix(m, name=f"maps[{n!r}]") for n, m in maps.items()]
+    return _grid(mats, list(maps), how, shared_scale, title, panel_width, 3)
+
+
+def _grid(mats, labels, how, shared_scale, title, panel_width, max_cols) -> plt.Figure:
     if len({m.shape for m in mats}) > 1:
         sizes = [tuple(m.shape) for m in mats]
         raise ValueError(f"the maps have different sizes {sizes}; use one T for the panel.")

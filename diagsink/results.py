@@ -44,7 +44,7 @@ from .variants import LABELS, VARIANTS
 __all__ = [
     "RESULTS_ENV", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
     "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
-    "paired_table", "paper_means", "relative_changes", "released_comparison", "convergence",
+    "paired_table", "describe_paired", "paper_means", "relative_changes", "released_comparison", "convergence",
     "convergence_table", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
 ]  # fmt: skip
 
@@ -207,6 +207,29 @@ def paired_table(
     out = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
     out.index = pd.MultiIndex.from_tuples(out.index, names=["variant", "metric"])
     return out
+
+
+def describe_paired(
+    paired: pd.DataFrame, n_seeds: int, labels: dict[str, str] | None = None
+) -> str:
+    """One sentence: how many differences of :func:`paired_table` exceed the seed noise, and which.
+
+    With an empty table it says that a paired interval needs 2 seeds.
+    """
+    if not len(paired):
+        return (
+            f"With {n_seeds} complete seed(s) no paired interval can be computed yet; it needs 2."
+        )
+    labels = labels or {}
+    hits = paired[paired["exceeds"].astype(bool)]
+    which = "; ".join(
+        f"{labels.get(v, v)} {k} {r['mean diff']:+.3f} ({'worse' if r['mean diff'] > 0 else 'better'})"
+        for (v, k), r in hits.iterrows()
+    )
+    return (
+        f"Over {n_seeds} seeds, {len(hits)} of the {len(paired)} differences exceed the seed noise"
+        + (f": {which}." if len(hits) else ".")
+    )
 
 
 def paper_means() -> dict[str, dict[str, tuple[float, float]]]:

@@ -97,6 +97,12 @@ def test_paired_table_is_paired_by_seed():
     assert not bool(p.loc[("dropout", "MAE@3"), "exceeds"])
     assert ("none", "MAE@3") not in p.index and len(p) == 4
     assert dr.paired_table(arts, VARIANTS, [0], ["MAE@3"]).empty  # one seed: no interval
+    text = dr.describe_paired(p, 4, {"mask": "(c)"})
+    assert (
+        text
+        == "Over 4 seeds, 1 of the 4 differences exceed the seed noise: (c) MAE@3 +0.200 (worse)."
+    )
+    assert "needs 2" in dr.describe_paired(dr.paired_table(arts, VARIANTS, [0], ["MAE@3"]), 1)
 
 
 def test_paper_table_and_relative_changes():
@@ -231,3 +237,18 @@ def test_day_forecast_with_a_model_uses_the_engine(monkeypatch):
     f = dr.day_forecast(data, splits, day, sensors, horizon=12, run=run)
     steps = np.flatnonzero((data.timestamps >= day) & (data.timestamps < day + pd.Timedelta("1D")))
     assert np.array_equal(f[("s2", "model")].to_numpy(), steps - 12 - 12 + 1)
+
+
+def test_map_grid_keeps_every_map_legible():
+    import matplotlib.pyplot as plt
+
+    from diagsink.plotting import MIN_PANEL_PX, caption_text, map_grid, rendered_panel_widths
+
+    maps = {f"block {k + 1}": torch.full((12, 12), 1 / 12) for k in range(4)}
+    fig = map_grid(maps, how="four blocks of one run")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == list(maps) and caption_text(fig) == "four blocks of one run"
+    assert min(rendered_panel_widths(fig)) >= MIN_PANEL_PX
+    plt.close(fig)
+    with pytest.raises(ValueError, match="empty"):
+        map_grid({}, how="nothing")
