@@ -245,9 +245,29 @@ def _apriori(c: dict, d: int) -> tuple[list[float], list[float]]:
     return eps, query
 
 
+def _aggregate_bounds(
+    a_ii: torch.Tensor,
+    eps: torch.Tensor,
+    nu: torch.Tensor,
+    value_sum: torch.Tensor,
+    centre: torch.Tensor,
+    qb: list[float],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The bounds of theorem ``bnd-thm-aggregate`` on ``off_sum`` and ``diag`` (each ``[R]``)."""
+    diag_slack = (a_ii * nu * eps).sum(0) + sum(qb)
+    off_slack = ((1 - a_ii) * nu * eps).sum(0)
+    off_upper = torch.minimum(((1 - a_ii) * nu * (1 + eps)).sum(0), value_sum + off_slack)
+    off_lower = (value_sum - off_slack).clamp_min(0)
+    return off_lower, off_upper, (centre - diag_slack).clamp_min(0), centre + diag_slack
+
+
 @torch.no_grad()
 def aggregate_influence(
-    layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | None = None
+    layer: TemporalAttention,
+    x: torch.Tensor,
+    dropped: torch.Tensor | None = None,
+    *,
+    rows: torch.Tensor | None = None,
 ) -> Aggregate:
     """Theorem ``bnd-thm-aggregate`` at ``x`` ``[T, C]``: measured aggregates and their bounds.
 
@@ -257,29 +277,29 @@ def aggregate_influence(
         off_sum ≤ Σ_h (1 − α^h_ii) ν_h (1 + ε^h_i),  |off_sum − value_sum| ≤ Σ_h (1 − α^h_ii) ν_h ε^h_i,
         |diag − ‖r I + Σ_h α^h_ii M^h‖| ≤ Σ_h (α^h_ii ν_h ε^h_i + ν_h ρ_h κ_h D² / (4 sqrt(d))),
 
-    with ``r = 1`` for a residual layer, else 0. Chapter ``book/bounds.ipynb``. Measured blocks
-    come from :func:`diagsink.jacobian.block_norms` (row chunks, so ``T = 1024`` fits).
+    with ``r = 1`` with a residual, else 0 (``book/bounds.ipynb``). Blocks are measured in row chunks
+    (:func:`diagsink.jacobian.block_norms`; ``T = 1024`` fits); ``rows`` (default: all) restricts each field.
     """
     _check(layer, x)
     p = J._heads(layer, x, dropped)
-    norms = J.block_norms(layer, x, dropped)  # [T, T] per path
-    eye_T = torch.eye(x.shape[0], dtype=torch.bool, device=x.device)
-    off_sum = norms["total"].masked_fill(eye_T, 0).sum(-1)
-    value_sum = norms["value"].masked_fill(eye_T, 0).sum(-1)
-    diag = norms["total"].diagonal()
+    rows = torch.arange(x.shape[0], device=x.device) if rows is None else torch.as_tensor(rows)
+    norms = J.block_norms(layer, x, dropped, rows=rows)  # [R, T] per path
+    on_diag = torch.zeros_like(norms["total"], dtype=torch.bool)
+    on_diag[torch.arange(len(rows)), rows] = True
+    off_sum = norms["total"].masked_fill(on_diag, 0).sum(-1)
+    value_sum = norms["value"].masked_fill(on_diag, 0).sum(-1)
+    diag, query = norms["total"][on_diag], norms["query"][on_diag]  # [R] each
     c = J.bound(layer, x, dropped).constants
     eps_hat, qb = _apriori(c, layer.d_head)
     nu = torch.tensor(c["nu"], dtype=x.dtype, device=x.device)[:, None]  # [H, 1]
-    a_ii, eps = p.alpha.diagonal(dim1=-2, dim2=-1), _eps(p)  # [H, T] each
+    a_ii, eps = p.alpha.diagonal(dim1=-2, dim2=-1)[:, rows], _eps(p)[:, rows]  # [H, R] each
     eye_C = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
     centre = float(layer.residual) * eye_C + torch.einsum("hi,hab->iab", a_ii, p.M)
     centre = torch.linalg.matrix_norm(centre, ord=2)  # [T]: ‖r I + Σ_h α^h_ii M^h‖
-    diag_slack = (a_ii * nu * eps).sum(0) + sum(qb)
-    off_slack = ((1 - a_ii) * nu * eps).sum(0)
-    off_upper = torch.minimum(((1 - a_ii) * nu * (1 + eps)).sum(0), value_sum + off_slack)
-    off_lower = (value_sum - off_slack).clamp_min(0)
-    diag_lower, diag_upper = (centre - diag_slack).clamp_min(0), centre + diag_slack
-    sigma_lower = float(layer.residual) - (a_ii * nu * (1 + eps)).sum(0) - norms["query"].diagonal()
+    off_lower, off_upper, diag_lower, diag_upper = _aggregate_bounds(
+        a_ii, eps, nu, value_sum, centre, qb
+    )
+    sigma_lower = float(layer.residual) - (a_ii * nu * (1 + eps)).sum(0) - query
     return Aggregate(
         off_sum=off_sum,
         diag=diag,
@@ -296,7 +316,7 @@ def aggregate_influence(
         share_lower=_ratio(diag_lower, diag_lower + off_upper),
         share_upper=_ratio(diag_upper, diag_upper + off_lower),
         value_diag=centre,
-        sigma_min=torch.linalg.svdvals(_diag_blocks(p, layer.residual))[:, -1],
+        sigma_min=torch.linalg.svdvals(_diag_blocks(p, layer.residual)[rows])[:, -1],
         sigma_lower=sigma_lower.clamp_min(0),
         nu=list(c["nu"]),
         nu_layer=float(torch.linalg.matrix_norm(p.M.sum(0), ord=2)),

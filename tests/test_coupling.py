@@ -264,3 +264,14 @@ def test_diagonal_blocks_and_the_aposteriori_lower_bound(diag):
         bool((agg.sigma_lower <= agg.sigma_min + 1e-12).all()) and float(agg.sigma_lower.max()) > 0
     )
     assert bool((agg.value_share > 0).all() and (agg.value_share < 1).all())
+
+
+def test_rows_restrict_every_per_row_field():
+    layer = toy.init_layer(8, 2, qk_scale=0.5, seed=5)
+    x = toy.sphere_inputs(11, 8, torch.Generator().manual_seed(5))
+    full, part = CP.aggregate_influence(layer, x), CP.aggregate_influence(layer, x, rows=[0, 4, 10])
+    idx = torch.tensor([0, 4, 10])
+    for name in ("off_sum", "diag", "share", "value_sum", "off_upper", "diag_lower", "sigma_min", "sigma_lower"):
+        torch.testing.assert_close(getattr(part, name), getattr(full, name)[idx])
+    torch.testing.assert_close(part.alpha_diag, full.alpha_diag[:, idx])
+    torch.testing.assert_close(part.eps, full.eps[:, idx])
