@@ -60,13 +60,15 @@ PAPER_SHAPE = Shape()
 def linear_coefficient(shape: Shape = PAPER_SHAPE, *, sparse: bool = False) -> int:
     """How many ``N T C`` float tensors one block keeps per sample (see :func:`activation_bytes`).
 
-    ``5 + a`` for the dense layer (``a = K`` with a learned graph, else 0; 7 for the paper's
-    model), which also keeps a one-byte dropout flag per ``N T C`` entry (counted by
-    :func:`activation_bytes`); ``6 + S K + a`` for the sparse layer, which keeps its ``S K``
-    diffusion terms, its input for the self term and a float dropout mask.
+    ``9 + S K + a`` (``a = K`` with a learned graph, else 0; 17 for the paper's model): the
+    attention keeps 6 (its input, ``q``, ``k``, ``v``, the merged heads and the residual sum),
+    the graph layer ``1 + S K`` (the concatenated terms, the mix's input), ``a`` (the inputs
+    of the learned graph's products), its dropout mask and the residual sum. The sparse layer
+    (``sparse=True``) keeps as many: its ``S K`` stacked terms and its input in place of the
+    concatenation.
     """
     learned = shape.order * int(shape.adaptive)
-    return 6 + shape.supports * shape.order + learned if sparse else 5 + learned
+    return 9 + shape.supports * shape.order + learned
 
 
 def activation_bytes(
@@ -80,24 +82,17 @@ def activation_bytes(
 ) -> float:
     """Activations kept for the backward pass of a CPU training step, in bytes (formula; float32 by default).
 
-    Per block and sample: ``linear_coefficient`` ``N T C`` numbers (the attention's input, the
-    input of its output projection and its residual sum; the graph layer's node-major input,
-    the block's residual sum and the ``K`` inputs of the learned graph's products: 7 for the
-    paper's model; ``q, k, v`` are recomputed in the backward pass, not kept) plus, for the
-    dense layer, ``N T C`` one-byte flags of the graph layer's output dropout; ``4 N T`` for
-    the two LayerNorms' means and inverse deviations; and ``N H T^2`` attention weights plus as
-    many one-byte keep flags of the dropout mask (the O(T^2) part). Per block and batch: the
-    three projection weights concatenated, ``3 C^2``, and with the learned adjacency ``2 N^2``
-    (it and its softmax). Read-out: ``N T (C + 4)`` per sample.
+    Per block and sample: ``linear_coefficient`` ``N T C`` numbers; ``4 N T`` for the two
+    LayerNorms' means and inverse deviations; and ``3 N H T^2`` for the attention weights,
+    their dropout mask and the dropped weights (the O(T^2) part). Per block and batch, with
+    the learned adjacency, ``2 N^2`` (it and its softmax). Read-out: ``N T (C + 4)`` per sample.
     """
     c, h, layers = shape.d_model, shape.n_heads, shape.depth
     linear = linear_coefficient(shape, sparse=sparse)
     per_sample = bytes_per * layers * (linear * n_nodes * t * c + 4 * n_nodes * t)
-    if not sparse:
-        per_sample += layers * n_nodes * t * c  # the graph layer's one-byte dropout flags
-    per_sample += (bytes_per + 1) * layers * n_nodes * h * t * t
+    per_sample += bytes_per * layers * 3 * n_nodes * h * t * t
     per_sample += bytes_per * n_nodes * t * (c + 4)
-    graph = 3 * c * c + (2 * n_nodes**2 if shape.adaptive else 0)
+    graph = 2 * n_nodes**2 if shape.adaptive else 0
     return float(batch * per_sample + bytes_per * layers * graph)
 
 
@@ -110,8 +105,8 @@ def forward_flops(
     weighted sum ``4 N T^2 C``; the channel mix of the ``1 + S K`` diffusion terms
     ``2 (1 + S K) N T C^2``; the diffusion itself, ``K`` products with each support,
     ``2 S K N^2 T C`` counted dense, or ``2 K nnz T C`` for the fixed supports (``nnz``
-    given: their non-zeros summed) plus ``2 K N^2 T C`` for the learned one. No power ``P^k``
-    is formed. Per block and batch: the learned adjacency ``2 N^2 e``. Read-out:
+    given: their non-zeros summed, the sparse layer) plus ``2 K N^2 T C`` for the learned one.
+    No power ``P^k`` is formed. Per block and batch: the learned adjacency ``2 N^2 e``. Read-out:
     ``2 N T (2 C + C + 1 + T_out)``. A backward pass costs about twice the forward pass.
     """
     c, k, s, layers = shape.d_model, shape.order, shape.supports, shape.depth
