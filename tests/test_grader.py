@@ -8,18 +8,31 @@ failure has a case: a submission that cannot be read (bad JSON, a cell without `
 grade naming the file; a kernel that dies or runs past ``--timeout`` is an error grade and the
 batch goes on; ``--json`` is checked before anything runs and written whatever happens; a
 notebook that replaces ``ds.exercises.check`` (or prints ``PASS``) is graded on its function.
+Every registered check of the book is also run through the grader's call into the kernel (an
+in-process stand-in for the kernel): the book's solution passes there as it does directly.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import importlib
+import io
 import json
 from pathlib import Path
 
 import nbformat
 import pytest
 
+import diagsink as ds
 from diagsink import course
 from diagsink.cli import main
+
+from conftest import ROOT
+
+grading = importlib.import_module(
+    "diagsink.course.grade"
+)  # the module (``course.grade`` is the function)
 
 LABELS = ("ex-course-softmax", "ex-attention-mask", "ex-scaling-rank-loss")
 STUBS = {
@@ -259,3 +272,68 @@ def test_a_cell_past_the_timeout_is_an_error_grade(book, tmp_path):
         g.status == "error" and "time limit" in g.message and "sleeper.ipynb" in g.message
         for g in grades
     )
+
+
+# --------------------------------------------------------------------------- every check through the kernel's door
+
+
+class _InProcessKernel:
+    """Stands in for the student's kernel in this process (same code path, no Jupyter)."""
+
+    def __init__(self, namespace: dict, folder: Path) -> None:
+        self.ns, self.folder, self.calls = namespace, folder, 0
+
+    def run(self, code: str) -> list:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(code, self.ns)  # noqa: S102 - the book's own code, in a test
+        return [{"output_type": "stream", "text": out.getvalue()}]
+
+    exchange = grading._Kernel.exchange
+    defines = grading._Kernel.defines
+
+
+def _book_exercises():
+    """(label, chapter path, stub index, solution index) of every exercise of the book."""
+    found = []
+    for path in course.toc_notebooks(ROOT):
+        nb = course.read_notebook(path)
+        for label, ex in course.exercises_of(nb).items():
+            if len(ex.stubs) == 1 and len(ex.solutions) == 1:
+                found.append((label, path, ex.stubs[0], ex.solutions[0]))
+    return found
+
+
+BOOK_EXERCISES = _book_exercises()
+
+
+def _definitions(source: str) -> str:
+    """The imports and definitions of a cell (what a solution defines, without its demo code)."""
+    kinds = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
+    return ast.unparse(ast.Module([n for n in ast.parse(source).body if isinstance(n, kinds)], []))
+
+
+@pytest.mark.parametrize(
+    "label, path, stub, solution", BOOK_EXERCISES, ids=[e[0] for e in BOOK_EXERCISES]
+)
+def test_every_check_grades_the_same_through_the_kernel(tmp_path, label, path, stub, solution):
+    """Each registered check, run on the book's solution through :class:`_RemoteFunction`
+    (arguments and results as tensors and plain values, in-place changes and gradients carried
+    back), passes as it does when called directly; on the stub it is "not attempted"."""
+    nb = course.read_notebook(path)
+    imports = "\n".join(
+        _definitions(course.notebooks._src(c)) for c in nb.cells if c.cell_type == "code"
+    )
+    ns: dict = {"__name__": "__main__"}
+    kernel = _InProcessKernel(ns, tmp_path)
+    kernel.run(
+        "\n".join(line for line in imports.splitlines() if line.startswith(("import", "from")))
+    )
+    name = sorted(course.notebooks._defined_names(course.notebooks._src(nb.cells[stub])))[0]
+    kernel.run(course.notebooks._src(nb.cells[stub]) + "\n" + grading._HELPERS)
+    assert grading._grade_one(kernel, label, name).status == "not attempted"
+    kernel.run(_definitions(course.notebooks._src(nb.cells[solution])))
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert ds.exercises.check(label, ns[name]).passed  # the reference passes directly
+    grade = grading._grade_one(kernel, label, name)
+    assert grade.status == "pass", grade.message

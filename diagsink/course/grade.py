@@ -127,7 +127,7 @@ def __diagsink_grader_call(name, inp, out):
     def _pack(obj):
         if isinstance(obj, _torch.Tensor):
             return obj.detach().cpu().clone()
-        if obj is None or isinstance(obj, (bool, int, float, complex, str)):
+        if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
             return obj
         if isinstance(obj, _numbers.Number) and hasattr(obj, "item"):
             return obj.item()
@@ -135,8 +135,11 @@ def __diagsink_grader_call(name, inp, out):
             return [_pack(v) for v in obj]
         if isinstance(obj, tuple):
             return tuple(_pack(v) for v in obj)
+        if isinstance(obj, (set, frozenset)):
+            return {_pack(v) for v in obj}
         if isinstance(obj, dict):
-            return {str(k): _pack(v) for k, v in obj.items()}
+            plain = (bool, int, float, str, type(None))
+            return {k if isinstance(k, plain) else str(k): _pack(v) for k, v in obj.items()}
         return {"__opaque__": type(obj).__name__}
     args, kwargs, needs_grad = _torch.load(inp, weights_only=True)
     args = [a.requires_grad_() if i in needs_grad else a for i, a in enumerate(args)]
@@ -219,7 +222,7 @@ def _opaque(obj: Any) -> Any:
         if set(obj) == {"__opaque__"}:
             return type(str(obj["__opaque__"]), (), {})()
         return {k: _opaque(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple, set)):
         return type(obj)(_opaque(v) for v in obj)
     return obj
 
