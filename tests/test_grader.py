@@ -206,6 +206,36 @@ def test_json_report_is_checked_before_any_grading(book, tmp_path, capsys, where
     assert len(lines) == 1 and lines[0].startswith("error: --json"), captured.err
 
 
+def test_the_report_is_written_even_when_grading_fails_or_is_interrupted(
+    book, tmp_path, monkeypatch, capsys
+):
+    """An unexpected failure of one submission is its error grade; Ctrl-C keeps what was graded."""
+    seen: list[str] = []
+
+    def fake(notebook, **_):
+        seen.append(Path(notebook).name)
+        if notebook.endswith("b.ipynb"):
+            raise RuntimeError("the grader tripped")
+        if notebook.endswith("c.ipynb"):
+            raise KeyboardInterrupt
+        return [course.Grade("ex-course-softmax", "pass", "ok")]
+
+    monkeypatch.setattr(course, "grade", fake)
+    subs = [tmp_path / f"{n}.ipynb" for n in "abcd"]
+    for sub in subs:
+        sub.write_text("{}")
+    report = tmp_path / "grades.json"
+    status = main(
+        ["course", "grade", "--source", str(book), "--json", str(report), *map(str, subs)]
+    )
+    assert status == 130 and seen == ["a.ipynb", "b.ipynb", "c.ipynb"]
+    graded = json.loads(report.read_text())
+    assert list(graded) == [str(subs[0]), str(subs[1])]
+    assert graded[str(subs[1])][0]["status"] == "error"
+    assert "RuntimeError: the grader tripped" in graded[str(subs[1])][0]["message"]
+    assert f"grades written to {report}" in capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------- kernels
 
 
