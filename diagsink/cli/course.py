@@ -104,6 +104,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _source_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--source",
+        default=None,
+        metavar="ROOT",
+        help="folder holding _toc.yml (default: found from here)",
+    )
+
+
 def add_commands(subparsers) -> None:
     """Register ``diagsink course export``, ``grade`` and ``check``."""
     course = subparsers.add_parser("course", help="student and instructor notebooks for teaching")
@@ -128,12 +137,7 @@ def add_commands(subparsers) -> None:
         default=True,
         help="also write DIR/instructor with the solutions (default: yes)",
     )
-    exp.add_argument(
-        "--source",
-        default=None,
-        metavar="ROOT",
-        help="folder holding _toc.yml (default: found from here)",
-    )
+    _source_option(exp)
     exp.set_defaults(func=_cmd_export)
 
     grd = sub.add_parser(
@@ -150,19 +154,9 @@ def add_commands(subparsers) -> None:
     grd.add_argument(
         "--timeout", type=positive, default=600, help="seconds per cell (default: 600)"
     )
-    grd.add_argument(
-        "--source",
-        default=None,
-        metavar="ROOT",
-        help="folder holding _toc.yml (default: found from here)",
-    )
+    _source_option(grd)
     grd.set_defaults(func=_cmd_grade)
 
     chk = sub.add_parser("check", help="check the exercise pattern of every chapter (no execution)")
-    chk.add_argument(
-        "--source",
-        default=None,
-        metavar="ROOT",
-        help="folder holding _toc.yml (default: found from here)",
-    )
+    _source_option(chk)
     chk.set_defaults(func=_cmd_check)

@@ -301,6 +301,17 @@ def _targets(chapter: Any) -> list[tuple[str, str]]:
     return targets
 
 
+def _without_checks(submitted: Any) -> Any:
+    """A copy of the submission without its check cells (what the student's kernel runs)."""
+    run = nbformat.v4.new_notebook(metadata=copy.deepcopy(submitted.metadata))
+    run.cells = [
+        copy.deepcopy(c)
+        for c in submitted.cells
+        if not (c.cell_type == "code" and CHECK_TAG in _tags(c))
+    ]
+    return run
+
+
 def _grade_one(kernel: _Kernel, label: str, name: str) -> Grade:
     """Run the registered check of ``label`` here, on the student's ``name`` in the kernel."""
     if not kernel.defines(name):
@@ -344,12 +355,7 @@ def grade(
     submitted = read_submission(path)
     chapter = read_notebook(_source_chapter(submitted, path, root))
     targets = _targets(chapter)
-    run = nbformat.v4.new_notebook(metadata=copy.deepcopy(submitted.metadata))
-    run.cells = [
-        copy.deepcopy(c)
-        for c in submitted.cells
-        if not (c.cell_type == "code" and CHECK_TAG in _tags(c))
-    ]
+    run = _without_checks(submitted)
     client = NotebookClient(
         run,
         timeout=timeout,

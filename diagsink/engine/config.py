@@ -230,23 +230,14 @@ def _check(
             raise ConfigError(f"config key {name} = {value!r} must be {names}.")
 
 
-def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Check keys, types and ranges; return ``cfg`` unchanged. Raises :class:`ConfigError`."""
-
-    if (
-        isinstance(cfg, dict)
-        and isinstance(cfg.get("model"), dict)
-        and "block_order" in cfg["model"]
-    ):
-        # before the type check: its message lists the choices
-        check_block_order(cfg["model"]["block_order"])
-    _check(cfg, SCHEMA, "", OPTIONAL)
+def _check_names(cfg: dict[str, Any]) -> None:
+    """The keys that hold names: choices, the speed file, the protocol (the results folder)."""
     missing = cfg["data"].get("missing_inputs", "as_reading")
     if missing not in MISSING_INPUTS:
         raise ConfigError(
             f"data.missing_inputs = {missing!r} is not known; choose one of {', '.join(MISSING_INPUTS)}."
         )
-    m, t, d = cfg["model"], cfg["train"], cfg["data"]
+    m, d = cfg["model"], cfg["data"]
     if m.get("graph_layer", "diffusion") not in GRAPH_LAYERS:
         raise ConfigError(
             f"model.graph_layer = {m['graph_layer']!r} is not known; choose one of {', '.join(GRAPH_LAYERS)}."
@@ -267,6 +258,21 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
             f"protocol {cfg['protocol']!r} is not known; choose one of {', '.join(PROTOCOLS)} "
             "(or name your own file's protocol 'custom-...')."
         )
+
+
+def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Check keys, types and ranges; return ``cfg`` unchanged. Raises :class:`ConfigError`."""
+
+    if (
+        isinstance(cfg, dict)
+        and isinstance(cfg.get("model"), dict)
+        and "block_order" in cfg["model"]
+    ):
+        # before the type check: its message lists the choices
+        check_block_order(cfg["model"]["block_order"])
+    _check(cfg, SCHEMA, "", OPTIONAL)
+    _check_names(cfg)
+    m, t, d = cfg["model"], cfg["train"], cfg["data"]
     _check_ranges(cfg)
     if m["d_model"] % m["n_heads"]:
         raise ConfigError(
