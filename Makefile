@@ -2,14 +2,14 @@
 #   make book   set up .venv, build the website into _build/html (every notebook executed)
 #   make test   set up .venv, run the whole test suite (what CI runs)
 # Variables: PYTHON (interpreter for the venv), DIAGSINK_QUICK (1 = quick mode, the default
-# here; 0 = full mode), PIP_EXTRA (extra pip options, e.g. a PyTorch index URL), JOBS (how
-# many of the five chapter-executing test stages run side by side; 1 = one after another).
+# here; 0 = full mode), PIP_EXTRA (extra pip options, e.g. a PyTorch index URL), SEQUENTIAL
+# (1 = `make test` runs its two lanes one after the other instead of side by side).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 PIP_EXTRA ?=
-JOBS ?= 5
+SEQUENTIAL ?= 0
 export DIAGSINK_QUICK ?= 1
 export PYTHONHASHSEED = 0
 JB_FLAGS = -W -n --keep-going
@@ -43,7 +43,7 @@ browser: setup
 	$(BIN)/python -m pytest tests -m browser; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 
 test: setup
-	BIN=$(BIN) JOBS=$(JOBS) tools/run-tests
+	BIN=$(BIN) SEQUENTIAL=$(SEQUENTIAL) tools/run-tests
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

@@ -1,4 +1,4 @@
-"""Shared pytest set-up: quick mode on, a fixed seed, and the repository root."""
+"""Shared pytest set-up: quick mode on, a fixed seed, the repository root, the markers."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "bad_input: one bad-input case (counted in the terminal summary)"
     )
+    # tools/run-tests runs these in the lane that runs nbval, one kernel at a time: two kernels
+    # started at once by two processes can race for the same TCP port
+    config.addinivalue_line("markers", "kernel: starts a Jupyter kernel")
 
 
 def pytest_runtest_logreport(report):

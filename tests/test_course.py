@@ -1,10 +1,12 @@
 """Course tooling: exercise checks, the exercise cell pattern, and the student/instructor export.
 
-Fast tests use a one-chapter book built in a temporary folder; the static tests read the
-real chapters; the ``slow`` tests export the real book, check that every instructor notebook is
-its chapter cell for cell (nbval executes the chapters) and execute every student notebook's
-exercises in the export folder (only ``NotImplementedError`` allowed); on the one-chapter book
-both editions are executed whole.
+No test here runs a whole chapter (nbval does, once per `make test`). A one-chapter synthetic
+book in a temporary folder is exported, executed in both editions and graded in kernels. Of the
+real chapters, what the editions change is checked: each chapter is exported, the instructor
+edition must be the chapter cell for cell, the student edition the chapter less its solutions;
+the student's exercise cells are extracted and run in this process after the chapter's imports
+(every check must stop at its stub's ``NotImplementedError``); the grader runs once on one real
+chapter's exercise cells.
 """
 
 from __future__ import annotations
@@ -382,6 +384,7 @@ def _run_both_editions(student_path: Path, instructor_path: Path, cwd: Path) -> 
     return problems
 
 
+@pytest.mark.kernel
 def test_mini_book_editions_execute(mini_book: Path, tmp_path: Path):
     out = tmp_path / "out"
     course.export(out, source=mini_book)
@@ -429,61 +432,111 @@ def _cells(nb) -> list[tuple[str, str]]:
     return [(c.cell_type, c.source) for c in nb.cells]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", CHAPTERS, ids=_chapter_ids)
-def test_exported_chapter_executes(path: Path, tmp_path: Path):
-    """Instructor edition: the chapter itself; student edition: only NotImplementedError.
-
-    The instructor edition must equal the chapter cell for cell, and the student edition must
-    equal it up to the first exercise; the export copies the folders next to the chapters, so
-    both run where nbval runs the chapter itself. What nbval does not run is the student's
-    tail: it is executed here, in the export folder, after the chapter's imports, and every
-    error must be a stub's NotImplementedError that its check hits. Each chapter is exported
-    on its own, so one broken chapter does not hide the others.
-    """
-    out = tmp_path / "export"
+def _export_one(path: Path, out: Path) -> tuple:
+    """``(source, student, instructor)`` of the chapter ``path`` exported on its own into ``out``
+    (so one broken chapter does not hide the others)."""
     course.export(out, source=ROOT, notebooks=[path])
-    source = nbformat.read(str(path), as_version=4)
-    student = nbformat.read(str(out / "student" / path.name), as_version=4)
-    instructor = nbformat.read(str(out / "instructor" / path.name), as_version=4)
+    read = lambda p: nbformat.read(str(p), as_version=4)  # noqa: E731
+    return read(path), read(out / "student" / path.name), read(out / "instructor" / path.name)
+
+
+def _is_solution_part(cell) -> bool:
+    """A solution cell or a marker of its gate: what the student edition leaves out."""
+    if cell.cell_type == "code":
+        return course.SOLUTION_TAG in cell.metadata.get("tags", [])
+    return "{solution-start}" in cell.source or "{solution-end}" in cell.source
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=_chapter_ids)
+def test_the_editions_differ_by_the_solutions_only(path: Path, tmp_path: Path):
+    """Instructor edition: the chapter cell for cell. Student edition: the chapter without its
+    solution cells and their gates (stubs and checks kept, in order), no solution's code
+    anywhere; both without outputs. Nothing is executed: nbval runs the chapter itself."""
+    source, student, instructor = _export_one(path, tmp_path / "export")
+    assert instructor.metadata["diagsink"]["edition"] == "instructor"
     assert student.metadata["diagsink"]["edition"] == "student"
     assert _cells(instructor) == _cells(source), f"{path.name}: the instructor edition differs"
-    exercises = course.exercises_of(source).values()
-    first = min(i for ex in exercises for i in ex.directive)
-    assert _cells(student)[:first] == _cells(source)[:first], (
-        f"{path.name}: the student edition differs before the first exercise"
+    kept = [c for c in source.cells if not _is_solution_part(c)]
+    assert _cells(student) == [(c.cell_type, c.source) for c in kept], (
+        f"{path.name}: the student edition is not the chapter less its solutions"
     )
-    tail = student.cells[first:]
-    assert any(course.CHECK_TAG in c.metadata.get("tags", []) for c in tail)
-    run = nbformat.v4.new_notebook(metadata=student.metadata)
-    run.cells = [nbformat.v4.new_code_cell(_import_prelude(source.cells[:first])), *tail]
-    NotebookClient(
-        run,
-        timeout=600,
-        kernel_name="python3",
-        allow_errors=True,
-        resources={"metadata": {"path": str(out / "student")}},
-    ).execute()
+    solutions = [c.source for c in source.cells if _is_solution_part(c) and c.cell_type == "code"]
+    assert solutions and not set(solutions) & {c.source for c in student.cells}
+    tags = [t for c in student.cells for t in c.metadata.get("tags", [])]
+    assert tags.count(course.STUB_TAG) >= 2 and tags.count(course.CHECK_TAG) >= 2
+    for edition in (student, instructor):
+        assert all(
+            not c.outputs and c.execution_count is None
+            for c in edition.cells
+            if c.cell_type == "code"
+        )
+
+
+def _exercise_tail(source, student) -> tuple[int, list]:
+    """``(first, cells)``: the index of the chapter's first exercise and the student's cells from it."""
+    first = min(i for ex in course.exercises_of(source).values() for i in ex.directive)
+    assert _cells(student)[:first] == _cells(source)[:first]
+    return first, student.cells[first:]
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=_chapter_ids)
+def test_every_student_stub_reaches_its_check(path: Path, tmp_path: Path, monkeypatch):
+    """The student's exercise cells, extracted and run in this process after the chapter's
+    imports (in the export folder, where the relative paths hold): every stub defines its
+    function and every check stops at that stub's ``NotImplementedError``, nothing else fails.
+    The chapter before its exercises is nbval's; the solutions passing their checks too."""
+    source, student, _ = _export_one(path, tmp_path / "export")
+    first, tail = _exercise_tail(source, student)
+    monkeypatch.chdir(tmp_path / "export" / "student")
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(_import_prelude(source.cells[:first]), f"{path.name} imports", "exec"), namespace)
     problems = []
-    for i, cell in enumerate(run.cells):
+    for i, cell in enumerate(tail, start=first):
         if cell.cell_type != "code":
             continue
-        errors = [o for o in cell.outputs if o.output_type == "error"]
-        problems += [
-            f"{path.name} (student cell {first + i - 1}): {e.ename}: {e.evalue}"
-            for e in errors
-            if i == 0 or e.ename != "NotImplementedError"
-        ]
-        if course.CHECK_TAG in cell.metadata.get("tags", []):
-            labels = course.notebooks._check_labels("".join(cell.source))
-            if not any(e.ename == "NotImplementedError" and e.evalue in labels for e in errors):
-                problems.append(
-                    f"{path.name}: the student's check of {labels} did not hit the stub's NotImplementedError"
-                )
-    assert not problems, "\n".join(problems)
+        is_check = course.CHECK_TAG in cell.metadata.get("tags", [])
+        labels = course.notebooks._check_labels(cell.source) if is_check else []
+        try:
+            exec(compile(cell.source, f"{path.name} student cell {i}", "exec"), namespace)
+        except NotImplementedError as e:
+            if str(e) not in labels:
+                problems.append(f"student cell {i}: NotImplementedError({e}) outside its check")
+            continue
+        except Exception as e:  # noqa: BLE001 - every error is reported, with its cell
+            problems.append(f"student cell {i}: {type(e).__name__}: {e}")
+            continue
+        if is_check:
+            problems.append(f"student cell {i}: the check of {labels} did not hit the stub")
+    assert not problems, f"{path.name}: " + "\n".join(problems)
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
+def test_grade_a_real_chapter_from_its_exercise_cells(tmp_path: Path):
+    """The grader on a real chapter's student edition, cut to its exercise cells (after the
+    chapter's imports): the first exercise solved with the chapter's own solution passes, the
+    other stubs are "not attempted" (one kernel, no whole chapter)."""
+    path = ROOT / "book" / "attention.ipynb"  # self-contained solutions, checks of a second
+    source, student, _ = _export_one(path, tmp_path / "export")
+    first, tail = _exercise_tail(source, student)
+    exercises = [ex for ex in course.exercises_of(source).values() if ex.stubs]
+    solved = exercises[0]
+    stub_source = source.cells[solved.stubs[0]].source
+    submission = nbformat.v4.new_notebook(metadata=student.metadata)
+    submission.cells = [nbformat.v4.new_code_cell(_import_prelude(source.cells[:first]))]
+    for cell in tail:
+        cell = nbformat.from_dict(json.loads(json.dumps(cell)))
+        if cell.source == stub_source:
+            cell.source = source.cells[solved.solutions[0]].source
+        submission.cells.append(cell)
+    target = tmp_path / "export" / "student" / path.name
+    nbformat.write(submission, str(target))
+    grades = {g.label: g.status for g in course.grade(target, source=ROOT)}
+    assert grades == {ex.label: "pass" if ex is solved else "not attempted" for ex in exercises}
+
+
+@pytest.mark.slow
+@pytest.mark.kernel
 def test_grade_submissions(mini_book: Path, tmp_path: Path, capsys):
     """Three submissions of the exported student notebook: untouched, solved, wrong (and with
     a tampered check cell, which must not change the grade)."""
