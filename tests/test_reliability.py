@@ -508,6 +508,16 @@ CLI = [
         ["is a file, not a folder"],
     ),
     (
+        "course export: empty --out",
+        ["course", "export", "--out", ""],
+        ["--out is empty", "Fix"],
+    ),
+    (
+        "course grade: --timeout 0",
+        ["course", "grade", "x.ipynb", "--timeout", "0"],
+        ["--timeout", "at least 1"],
+    ),
+    (
         "course check: no book here",
         ["course", "check", "--source", "{empty}"],
         ["no _toc.yml", "pass --source"],
