@@ -20,6 +20,22 @@ def root() -> Path:
 
 
 @pytest.fixture(autouse=True)
+def _kernels_only_where_marked(request, monkeypatch):
+    """A test that starts a Jupyter kernel in this process must be marked ``kernel``."""
+    if request.node.get_closest_marker("kernel") is None:
+        from jupyter_client.manager import KernelManager
+
+        async def refuse(*_args, **_kwargs):
+            raise RuntimeError(
+                f"{request.node.nodeid} starts a Jupyter kernel: mark it @pytest.mark.kernel "
+                "(tools/run-tests runs those tests beside no other kernels)"
+            )
+
+        monkeypatch.setattr(KernelManager, "_async_launch_kernel", refuse)
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     import torch
 

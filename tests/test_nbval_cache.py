@@ -1,4 +1,5 @@
-"""nbval's outputs reach the book build through jupyter-cache (tests/_nbval_cache.py)."""
+"""The notebook lane of `make test`: nbval's outputs reach the book build through jupyter-cache
+(tests/_nbval_cache.py), and only tests marked ``kernel`` start kernels (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from jupyter_cache import get_cache
+from nbclient import NotebookClient
 
 from conftest import ROOT
 
@@ -63,3 +65,10 @@ def test_only_notebooks_that_pass_are_cached_with_their_outputs(tmp_path: Path):
     edited = _notebook("x = 6 * 8\nprint('printed', x)", *(c.source for c in good.cells[2:]))
     with pytest.raises(KeyError):  # an edited notebook never matches
         cache.match_cache_notebook(edited)
+
+
+def test_a_test_not_marked_kernel_cannot_start_one():
+    """tools/run-tests runs the unit tests beside nbval: a kernel started there could race
+    nbval's kernels for a TCP port, so conftest refuses it with the fix."""
+    with pytest.raises(RuntimeError, match=r"mark it @pytest.mark.kernel"):
+        NotebookClient(_notebook("1 + 1"), kernel_name="python3").execute()
