@@ -252,3 +252,11 @@ def test_map_grid_keeps_every_map_legible():
     plt.close(fig)
     with pytest.raises(ValueError, match="empty"):
         map_grid({}, how="nothing")
+
+
+def test_load_protocol_reads_the_committed_slice():
+    root = dr.Path(__file__).resolve().parents[1] / "book" / "results"
+    arts = dr.load_protocol(root, "slice")
+    assert len(arts) == 20 and dr.complete_seeds(arts, VARIANTS) == [0, 1, 2, 3]
+    table = dr.convergence_table(arts)
+    assert len(table) == 20 and set(table.index.get_level_values("protocol")) == {"slice"}
