@@ -339,13 +339,17 @@ class Profile(NamedTuple):
     batch_dim: int | None
 
 
-def _slice_sq(g: torch.Tensor, time_dim: int, batch_dim: int | None) -> torch.Tensor:
-    """``Σ g²`` over every axis but time (and batch), then the mean over the batch: ``[T]``."""
+def _slice_sq(
+    g: torch.Tensor, time_dim: int, batch_dim: int | None, mean: bool = True
+) -> torch.Tensor:
+    """``Σ g²`` over every axis but time (and batch): ``[T]``, or ``[B, T]`` when ``mean`` is
+    ``False`` (else the mean over the batch is taken)."""
     keep = [time_dim] if batch_dim is None else [batch_dim, time_dim]
     other = [d for d in range(g.dim()) if d not in keep]
     sq = g.pow(2).sum(other) if other else g.pow(2)
     if batch_dim is not None:
-        sq = sq.mean(0) if batch_dim < time_dim else sq.mean(1)
+        sq = sq if batch_dim < time_dim else sq.T  # [B, T]
+        sq = sq.mean(0) if mean else sq
     return sq
 
 
@@ -371,7 +375,8 @@ def sensitivity_profile(
     entry: small problems); ``"hutchinson"`` takes ``n_samples`` backward passes with
     Rademacher vectors ``v`` (private generator seeded with ``seed``), using
     ``E||vᵀ J_j||² = ||J_j||²_F``. Returns a :class:`Profile`: ``values`` ``[T]`` and, for
-    Hutchinson, ``se`` ``[T]``, the standard error (delta method from the sample spread).
+    Hutchinson, ``se`` ``[T]``, the standard error (delta method from the spread of the
+    samples: one per probe, or with ``batch_dim`` one per probe and batch element).
     """
     if method not in ("exact", "hutchinson"):
         raise ValueError(f"method={method!r} is not known; choose 'exact' or 'hutchinson'.")
@@ -402,10 +407,11 @@ def sensitivity_profile(
     for k in range(n_samples):
         v = torch.randint(0, 2, y.shape, generator=gen, device=y.device).to(y.dtype) * 2 - 1
         (g,) = torch.autograd.grad(y, x, v, retain_graph=k < n_samples - 1)
-        samples.append(_slice_sq(g, time_dim, batch_dim))
-    q = torch.stack(samples)  # [n_samples, T]: unbiased draws of S_j²
+        samples.append(_slice_sq(g, time_dim, batch_dim, mean=False))  # [T] or [B, T]
+    q = torch.stack(samples).reshape(-1, samples[0].shape[-1])
+    # [n_samples (x B), T]: unbiased draws of S_j² (of one element's ||J_{b,j}||² with batch_dim)
     values = q.mean(0).clamp_min(0).sqrt()
-    se_sq = q.std(0) / math.sqrt(n_samples)
+    se_sq = q.std(0) / math.sqrt(q.shape[0])
     se = torch.where(values > 0, se_sq / (2 * values.clamp_min(1e-30)), se_sq.sqrt())
     return Profile(values, se, method, n_samples, time_dim, batch_dim)
 

@@ -75,7 +75,7 @@ def input_step_profile(
     :func:`diagsink.probe.sensitivity_profile` of ``speed -> forecast`` (time axis 1, windows
     on axis 0), divided by ``sqrt(N)``: the toolkit's one implementation, in eval mode.
     ``method="hutchinson"`` (``probes`` Rademacher probes, each over every window at once)
-    reports the standard error of ``S_j`` over the probes (delta method,
+    reports the standard error of ``S_j`` over the ``probes x B`` samples (delta method,
     ``se(S) = se(S^2) / 2S``); ``"exact"`` forms the whole Jacobian (small models only).
     """
     if method == "hutchinson" and (not is_int(probes) or probes < 2):
