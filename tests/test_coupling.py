@@ -271,7 +271,82 @@ def test_rows_restrict_every_per_row_field():
     x = toy.sphere_inputs(11, 8, torch.Generator().manual_seed(5))
     full, part = CP.aggregate_influence(layer, x), CP.aggregate_influence(layer, x, rows=[0, 4, 10])
     idx = torch.tensor([0, 4, 10])
-    for name in ("off_sum", "diag", "share", "value_sum", "off_upper", "diag_lower", "sigma_min", "sigma_lower"):
+    for name in (
+        "off_sum",
+        "diag",
+        "share",
+        "value_sum",
+        "off_upper",
+        "diag_lower",
+        "sigma_min",
+        "sigma_lower",
+    ):
         torch.testing.assert_close(getattr(part, name), getattr(full, name)[idx])
     torch.testing.assert_close(part.alpha_diag, full.alpha_diag[:, idx])
     torch.testing.assert_close(part.eps, full.eps[:, idx])
+
+
+# ---- exercise ex-bounds-share (diagsink/exercises/bounds.py) ----------------------------
+def test_share_exercise_passes_the_reference_and_names_mistakes():
+    import diagsink as ds
+    from diagsink.exercises.bounds import reference_share_bounds as ref
+
+    assert ds.exercises.check("ex-bounds-share", ref, strict=True).passed
+    assert ref(0.0, 1.7, 0.0, 0.0) == pytest.approx((1 / 2.7, 1 / 2.7))
+    wrong = {
+        "this order": lambda a, n, e, q: ref(a, n, e, q)[::-1],
+        "query term q": lambda a, n, e, q: ref(a, n, e, 0.0),
+        "α ν (1 + ε)": lambda a, n, e, q: ref(0.0, n, e, q),
+        "ε is missing": lambda a, n, e, q: ref(a, n, 0.0, q),
+    }
+    for hint, answer in wrong.items():
+        result = ds.exercises.check("ex-bounds-share", answer)
+        assert not result.passed and hint in result.message, result.message
+
+
+def test_share_exercise_bounds_the_measured_share():
+    # the reference bounds, fed with a real layer's α_ii, ν, ε_i and q, contain its measured share
+    from diagsink.exercises.bounds import reference_share_bounds as ref
+
+    layer = toy.init_layer(16, 1, qk_scale=0.1, seed=7)
+    agg = CP.aggregate_influence(layer, toy.sphere_inputs(20, 16, torch.Generator().manual_seed(7)))
+    for i in range(20):
+        lo, hi = ref(
+            float(agg.alpha_diag[0, i]), agg.nu[0], float(agg.eps[0, i]), agg.query_bound[0]
+        )
+        assert lo - 1e-12 <= float(agg.share[i]) <= hi + 1e-12
+
+
+@pytest.mark.parametrize(
+    "label, reference, wrong, hint",
+    [
+        (
+            "ex-bends-ratio",
+            "diagsink.exercises.bends:reference_max_over_mean",
+            lambda n: float(n.max() / n.mean()),
+            "leave the diagonal out",
+        ),
+        (
+            "ex-trained-share",
+            "diagsink.exercises.trained:reference_diagonal_share",
+            lambda n: n.diagonal() / (n.sum(-1) - n.diagonal()),
+            "whole row",
+        ),
+        (
+            "ex-trained-column",
+            "diagsink.exercises.trained:reference_column_weight",
+            lambda a, j: float(a[:, j].mean()),
+            "leave out row i = j",
+        ),
+    ],
+)
+def test_bends_and_trained_exercises(label, reference, wrong, hint):
+    import importlib
+
+    import diagsink as ds
+
+    module, name = reference.split(":")
+    ref = getattr(importlib.import_module(module), name)
+    assert ds.exercises.check(label, ref, strict=True).passed
+    result = ds.exercises.check(label, wrong)
+    assert not result.passed and hint in result.message, result.message

@@ -8,7 +8,9 @@ stays on the diagonal").
   off-diagonal bound of theorem ``bnd-thm-offdiag`` for a one-head layer without biases or
   output projection (value plus key path).
 * ``ex-bounds-slope``: ``fit_slope(lengths, values)`` -> float: the least-squares slope of
-  ``log(values)`` against ``log(lengths)``.
+  ``log(values)`` against ``log(lengths)`` (asked in ``book/bends.ipynb``, where the sweeps are).
+* ``ex-bounds-share``: ``share_bounds(alpha, nu, eps, q)`` -> ``(lower, upper)``: the bounds of
+  corollary ``bnd-cor-share`` on the diagonal's share of one head with a residual connection.
 """
 
 from __future__ import annotations
@@ -122,3 +124,47 @@ def check_fit_slope(fit_slope: Callable[..., float]) -> str | None:
     return (
         f"your slope {got:.4g} is not the least-squares slope of log(values) against log(lengths)."
     )
+
+
+def reference_share_bounds(alpha: float, nu: float, eps: float, q: float) -> tuple[float, float]:
+    """Corollary ``bnd-cor-share`` (one head, residual): ``(lower, upper)`` on the diagonal's share."""
+    off_hi, off_lo = (1 - alpha) * nu * (1 + eps), (1 - alpha) * nu * max(0.0, 1 - eps)
+    d_lo = max(0.0, 1 - alpha * nu * (1 + eps) - q)
+    d_hi = 1 + alpha * nu * (1 + eps) + q
+    return d_lo / (d_lo + off_hi), d_hi / (d_hi + off_lo)
+
+
+def _share_hint(
+    got: tuple[float, float], args: tuple[float, ...], want: tuple[float, float]
+) -> str:
+    alpha, nu, eps, q = args
+    close = lambda u, v: all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(u, v))  # noqa: E731
+    if close(got, want[::-1]):
+        return "return (lower, upper) in this order."
+    if close(got, reference_share_bounds(alpha, nu, eps, 0.0)):
+        return "the query term q is missing: it moves the diagonal block by up to q either way."
+    if close(got, reference_share_bounds(0.0, nu, eps, q)):
+        return "the diagonal's own value and key terms, α ν (1 + ε), are missing from the diagonal block."
+    if close(got, reference_share_bounds(alpha, nu, 0.0, q)):
+        return "ε is missing: the key path moves every block by a factor between 1 − ε and 1 + ε."
+    if got[0] > want[0] and got[1] < want[1]:
+        return "the lower bound needs the smallest diagonal and the largest off-diagonal total (and vice versa)."
+    return "your bounds differ from the corollary's: the share is d / (d + o), increasing in d, decreasing in o."
+
+
+@register("ex-bounds-share")
+def check_share_bounds(share_bounds: Callable[..., tuple[float, float]]) -> str | None:
+    """Fresh (α, ν, ε, q) with ε < 1 and q ≤ ν ε / 2; compare with the corollary's two bounds."""
+    gen = fresh_generator()
+    u = torch.rand(4, generator=gen, dtype=torch.float64).tolist()
+    args = (0.3 * u[0], 0.5 + 1.5 * u[1], 0.3 * u[2], 0.0)
+    args = (*args[:3], 0.5 * args[1] * args[2] * u[3])
+    want = reference_share_bounds(*args)
+    got = share_bounds(*args)
+    try:
+        got = (float(got[0]), float(got[1]))
+    except (TypeError, ValueError, IndexError):
+        return f"return two numbers (lower, upper), not {type(got).__name__}."
+    if all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(got, want)):
+        return None
+    return _share_hint(got, args, want)
