@@ -17,8 +17,8 @@ splits into four *paths* (with ``M^h = W_O^h W_V^h``, ``ū_i = Σ_m α_im u_m``,
     query     δ_ij Σ_h Σ_m α^h_im M^h u_m (k^h_m − k̄^h_i)ᵀ W_Q^h / sqrt(d)
 
 Derived in ``book/jacobian.ipynb`` ("The Jacobian of a temporal-attention layer"); the
-bounds computed by :func:`bound` are the theorems of ``book/bounds.ipynb`` ("Why the
-diagonal wins: sensitivity bounds").
+bounds computed by :func:`bound` are the theorems of ``book/bounds.ipynb`` ("One layer:
+how much of a step's sensitivity stays on the diagonal").
 
 Functions:
 

@@ -11,7 +11,7 @@ change with ``T``:
   ``T``, with the bounds and log-log slopes (:class:`Sweep`, :func:`loglog_slope`).
 
 Used in the chapters ``book/jacobian.ipynb`` ("The Jacobian of a temporal-attention layer")
-and ``book/bounds.ipynb`` ("Why the diagonal wins: sensitivity bounds").
+and ``book/bends.ipynb`` ("Where the 1/T law bends").
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def sensitivity_vs_length(
             ``Sweep.max_exact[li]`` is ``False`` for that length.
 
     Returns:
-        a :class:`Sweep`. Explained in ``book/bounds.ipynb``.
+        a :class:`Sweep`. Explained in ``book/bends.ipynb``.
     """
     start = time.perf_counter()
     if layer is not None and layer_factory is not None:
