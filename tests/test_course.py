@@ -461,9 +461,7 @@ def test_the_editions_differ_by_the_solutions_only(path: Path, tmp_path: Path):
         f"{path.name}: the student edition is not the chapter less its solutions"
     )
     solutions = [c.source for c in source.cells if _is_solution_part(c) and c.cell_type == "code"]
-    assert solutions and not set(solutions) & {c.source for c in student.cells}
-    tags = [t for c in student.cells for t in c.metadata.get("tags", [])]
-    assert tags.count(course.STUB_TAG) >= 2 and tags.count(course.CHECK_TAG) >= 2
+    assert not set(solutions) & {c.source for c in student.cells}  # (how many: the test above)
     for edition in (student, instructor):
         assert all(
             not c.outputs and c.execution_count is None
@@ -474,7 +472,8 @@ def test_the_editions_differ_by_the_solutions_only(path: Path, tmp_path: Path):
 
 def _exercise_tail(source, student) -> tuple[int, list]:
     """``(first, cells)``: the index of the chapter's first exercise and the student's cells from it."""
-    first = min(i for ex in course.exercises_of(source).values() for i in ex.directive)
+    directives = [i for ex in course.exercises_of(source).values() for i in ex.directive]
+    first = min(directives, default=len(source.cells))  # no exercises: nothing to run
     assert _cells(student)[:first] == _cells(source)[:first]
     return first, student.cells[first:]
 
