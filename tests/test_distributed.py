@@ -57,9 +57,9 @@ WORKER = textwrap.dedent(
     from diagsink.engine import distributed as D
     from diagsink.engine.config import load_config, override
     writes = []
-    save, write_artifact = R.save_checkpoint, T.write_artifact
+    save, write_run = R.save_checkpoint, T._write_run
     R.save_checkpoint = lambda *a, **k: (writes.append("checkpoint"), save(*a, **k))[1]
-    T.write_artifact = lambda *a, **k: (writes.append("artifact"), write_artifact(*a, **k))[1]
+    T._write_run = lambda *a, **k: (writes.append("artifact"), write_run(*a, **k))[1]
     cfg = override(load_config("quick"), TINY)
     out = sys.argv[1]
 

@@ -11,9 +11,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 SCRIPT = ROOT / "tools" / "gpu_reproduce.sh"
 
 
