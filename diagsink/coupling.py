@@ -207,8 +207,8 @@ class Aggregate:
 
     @property
     def limit(self) -> float:
-        """The share the theorem predicts for long, near-uniform rows: ``1/(1 + ν)`` with a
-        residual connection, ``0`` without one."""
+        """The share the theorem predicts for long, near-uniform rows, ``1/(1 + ν)`` with a
+        residual connection and ``0`` without one."""
         return 1.0 / (1.0 + self.nu_layer) if self.residual else 0.0
 
 

@@ -52,14 +52,14 @@ __all__ = [
 #: next to the chapters, i.e. ``book/results``).
 RESULTS_ENV = "DIAGSINK_RESULTS"
 
-#: The runs each full-length protocol plans: its variants (the seeds come from its config).
+#: The variants each full-length protocol plans (the seeds come from its config).
 PLANNED: dict[str, tuple[str, ...]] = {
     "full29": VARIANTS,
     "full29-released": ("none", "dropout", "penalty"),
 }
 
-#: The convergence rule: the last ``window`` epochs' validation MAE within ``tol`` (relative)
-#: of the best validation MAE of the run.
+#: The convergence rule, met when the last ``window`` epochs' validation MAE lie within ``tol``
+#: (relative) of the best validation MAE of the run.
 CONVERGENCE: dict[str, float] = {"window": 4, "tol": 0.01}
 
 #: The paper's results table (METR-LA, mean +- sd), quoted from Hankemeier & Schilling (2026):

@@ -86,7 +86,7 @@ def toc_pages() -> list[str]:
 PAGES = toc_pages()
 VIEWPORT_WIDTH = 1280  # px: the reader's laptop
 MIN_PANEL_PX = 220  # px per heatmap panel: a 12 x 12 map at ~18 px per entry is legible
-HEATMAP_PAGES = ("book/heatmaps", "book/results")
+HEATMAP_PAGES = ("book/heatmaps",)  # the results page links to its maps there
 
 
 def _skip_reason() -> str | None:

@@ -53,7 +53,7 @@ GRAPH_FILES: tuple[str, ...] = ("graph_sensor_ids.txt", "graph_sensor_locations.
 #: Shape and time range of the full data set.
 FULL_STEPS = 34272
 N_SENSORS = 207
-#: Largest plausible speed (mph): a reading above it is a corrupt value, not traffic.
+#: Largest plausible speed in mph; a reading above it is a corrupt value, not traffic.
 MAX_SPEED = 150.0
 FULL_START = pd.Timestamp("2012-03-01 00:00:00")
 FULL_END = pd.Timestamp("2012-06-27 23:55:00")

@@ -94,7 +94,7 @@ class MetrLA:
 
     @property
     def all_steps(self) -> bool:
-        """Whether the file holds the whole time span (34272 steps from 2012-03-01 00:00)."""
+        """Whether the file holds the whole time span, all 34272 steps from 1 March 2012 on."""
         return self.n_steps == FULL_STEPS and self.timestamps[0] == FULL_START
 
     @property

@@ -133,8 +133,8 @@ MISSING_INPUTS: tuple[str, ...] = ("as_reading", "mean")
 PENALTY_BOUND = 100.0
 
 
-#: The allowed range of every numeric key: dotted key -> (low, high, low allowed, high allowed,
-#: the fix). Every number must also be finite; a key whose type allows ``null`` (see
+#: The allowed range of every numeric key, as dotted key -> (low, high, low allowed, high
+#: allowed, the fix). Every number must also be finite; a key whose type allows ``null`` (see
 #: :data:`SCHEMA`) may be null instead. ``regularizers.diag_penalty`` is bounded by
 #: :data:`PENALTY_BOUND`. :func:`validate_config` checks them before anything runs.
 RANGES: dict[str, tuple[float, float, bool, bool, str]] = {
