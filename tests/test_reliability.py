@@ -513,6 +513,11 @@ CLI = [
         ["--out is empty", "Fix"],
     ),
     (
+        "probe: empty --out",
+        ["probe", "missing.json", "--out", ""],
+        ["--out is empty", "Fix"],
+    ),
+    (
         "course grade: --timeout 0",
         ["course", "grade", "x.ipynb", "--timeout", "0"],
         ["--timeout", "at least 1"],

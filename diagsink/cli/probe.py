@@ -17,6 +17,7 @@ import torch
 from .._io import ensure_writable_dir
 from ..engine.prepare import batch
 from ..engine.reload import load_run
+from ..errors import ConfigError
 from ..probe import record, report, table
 from ._args import positive
 
@@ -24,6 +25,10 @@ __all__ = ["add_commands"]
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
+    if args.out is not None and not args.out.strip():  # before the run is loaded
+        raise ConfigError(
+            "--out is empty; it names the figure file. Fix: pass e.g. --out probe.png."
+        )
     run = load_run(args.artifact)
     m = run.cfg["model"]
     x, _ = batch(run.prepared, run.prepared.test[: args.windows], m["t_in"], m["t_out"])
