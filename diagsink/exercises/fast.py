@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ..graphconv import DiffusionGraphConv
 from . import compare_tensors, fresh_generator, register
 
 __all__ = ["check_sdpa_mask", "check_diffusion_terms"]
@@ -78,8 +79,6 @@ def check_diffusion_terms(
 ) -> str | None:
     """Fresh ``x [B, T, N, C]``, two random row-stochastic supports and order ``K``: the terms
     must equal the package layer's (its mixing layer set to the identity picks them out)."""
-    from ..graphconv import DiffusionGraphConv
-
     gen = fresh_generator()
     n, c, order = (
         int(torch.randint(3, 7, (1,), generator=gen)),
