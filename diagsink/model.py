@@ -44,7 +44,14 @@ from .positional import PositionalEncoding
 from .released import ReleasedGCN
 from .variants import attention_kwargs
 
-__all__ = ["BLOCK_ORDERS", "check_block_order", "TSBlock", "TSModel"]
+__all__ = [
+    "BLOCK_ORDERS",
+    "GRAPH_LAYERS",
+    "check_block_order",
+    "check_graph_layer",
+    "TSBlock",
+    "TSModel",
+]
 
 #: The sublayer orders of a block, ``"ts"`` = temporal attention then graph conv (the paper's
 #: T&S, the default) and ``"st"`` = graph conv then temporal attention.
@@ -60,6 +67,22 @@ def check_block_order(order: Any) -> str:
             "them in the protocol YAML (or leave it out for 'ts')."
         )
     return order
+
+
+#: The choices of ``model.graph_layer``: ``"diffusion"`` (this book's layer: road-graph diffusion
+#: plus a learned adjacency, :class:`DiffusionGraphConv`) or ``"released"`` (the paper's released
+#: layer, which reads only the diagonals of two learned supports and so mixes no sensors,
+#: :class:`diagsink.released.ReleasedGCN`).
+GRAPH_LAYERS: tuple[str, ...] = ("diffusion", "released")
+
+
+def check_graph_layer(layer: Any) -> str:
+    """Return ``layer`` if it is one of :data:`GRAPH_LAYERS`, else raise :class:`ConfigError`."""
+    if not isinstance(layer, str) or layer not in GRAPH_LAYERS:
+        raise ConfigError(
+            f"model.graph_layer = {layer!r} is not known; choose one of {', '.join(GRAPH_LAYERS)}."
+        )
+    return layer
 
 
 class TSBlock(nn.Module):
@@ -104,11 +127,11 @@ class TSBlock(nn.Module):
         self.attn = TemporalAttention(
             d_model, n_heads, dropout=dropout, norm="post", **(attention_kwargs or {})
         )
-        if graph_layer == "released":  # the paper's released layer: no mixing of sensors
+        if check_graph_layer(graph_layer) == "released":  # the paper's layer: no sensor mixing
             self.gconv = ReleasedGCN(
                 d_model, supports[0].shape[0], order=order, embed_dim=embed_dim, dropout=dropout
             )
-        elif graph_layer == "diffusion":
+        else:
             self.gconv = DiffusionGraphConv(
                 d_model,
                 supports,
@@ -117,10 +140,6 @@ class TSBlock(nn.Module):
                 n_nodes=n_nodes,
                 embed_dim=embed_dim,
                 dropout=dropout,
-            )
-        else:
-            raise ConfigError(
-                f"model.graph_layer = {graph_layer!r} is not known; choose 'diffusion' or 'released'."
             )
         self.norm = nn.LayerNorm(d_model)
 

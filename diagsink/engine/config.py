@@ -36,7 +36,7 @@ import yaml
 
 from .._checks import is_real
 from ..errors import ConfigError
-from ..model import check_block_order
+from ..model import check_block_order, check_graph_layer
 from ..positional import POSITIONAL_OPTIONS
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "SCHEMA",
     "OPTIONAL",
     "MISSING_INPUTS",
-    "GRAPH_LAYERS",
     "RANGES",
     "PENALTY_BOUND",
     "load_config",
@@ -103,7 +102,7 @@ SCHEMA: dict[str, Any] = {
 #: Optional keys and their defaults (nested like :data:`SCHEMA`). A protocol may leave them out,
 #: and :func:`config_hash` drops them when they hold the default. ``model.block_order`` is
 #: ``"ts"`` (temporal attention then graph conv, the paper's) or ``"st"``; ``model.graph_layer``
-#: is one of :data:`GRAPH_LAYERS`. ``train.epoch_parts = k`` makes an epoch one k-th of a pass
+#: is one of :data:`diagsink.model.GRAPH_LAYERS`. ``train.epoch_parts = k`` makes an epoch one k-th of a pass
 #: over the training windows: each pass draws one permutation and its k epochs take its k
 #: consecutive parts, so every window is used once per k epochs. ``train.compile: true`` trains
 #: under ``torch.compile`` (the same function, opt-in). ``data.speed_file`` names the
@@ -116,12 +115,6 @@ OPTIONAL: dict[str, Any] = {
     "train": {"epoch_parts": 1, "compile": False},
     "data": {"missing_inputs": "as_reading", "speed_file": None},
 }
-
-#: The choices of ``model.graph_layer``: ``"diffusion"`` (this book's layer: road-graph diffusion
-#: plus a learned adjacency, :class:`diagsink.graphconv.DiffusionGraphConv`) or ``"released"``
-#: (the paper's released layer, which reads only the diagonals of two learned supports and so
-#: mixes no sensors: :class:`diagsink.released.ReleasedGCN`).
-GRAPH_LAYERS: tuple[str, ...] = ("diffusion", "released")
 
 #: The choices of ``data.missing_inputs``.
 MISSING_INPUTS: tuple[str, ...] = ("as_reading", "mean")
@@ -238,10 +231,7 @@ def _check_names(cfg: dict[str, Any]) -> None:
             f"data.missing_inputs = {missing!r} is not known; choose one of {', '.join(MISSING_INPUTS)}."
         )
     m, d = cfg["model"], cfg["data"]
-    if m.get("graph_layer", "diffusion") not in GRAPH_LAYERS:
-        raise ConfigError(
-            f"model.graph_layer = {m['graph_layer']!r} is not known; choose one of {', '.join(GRAPH_LAYERS)}."
-        )
+    check_graph_layer(m.get("graph_layer", "diffusion"))
     speed_file = d.get("speed_file")
     if speed_file is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.h5", speed_file):
         raise ConfigError(
