@@ -118,7 +118,7 @@ def last_value(
     """Copy the present: ``[B, t_out, N]``, every future step = the last (observed) input value."""
     x = np.asarray(speed, dtype=np.float64)
     if fill:
-        x = pd.DataFrame(np.where(x == 0, np.nan, x)).ffill().fillna(0.0).to_numpy()
+        x = _filled(x)
     index = torch.as_tensor(starts).numpy() + t_in - 1
     if len(index) and (index.min() < 0 or index.max() >= len(x)):
         raise DataError(
