@@ -17,6 +17,7 @@ from diagsink.engine.artifacts import (
     validate_artifact,
     write_artifact,
 )
+from diagsink.engine.by_day import attach_test_by_day, metrics_from_sums
 from diagsink.engine.config import load_config, override
 from diagsink.engine.provenance import COPIED_TREE_SUFFIX
 from diagsink.engine.train import train_run
@@ -158,10 +159,10 @@ EVERY_COMMITTED = sorted(
 
 
 def _commits(art: dict) -> list[str]:
-    """The training's commit and, if present, the commit that computed the sensitivity."""
-    return [art["provenance"]["git_commit"]] + (
-        [art["sensitivity"]["git_commit"]] if "sensitivity" in art else []
-    )
+    """The training's commit and, if present, the commits that computed the sensitivity and the
+    test errors by day."""
+    added = [art[k]["git_commit"] for k in ("sensitivity", "test_by_day") if k in art]
+    return [art["provenance"]["git_commit"], *added]
 
 
 def test_every_committed_artifact_comes_from_a_clean_commit():
@@ -183,3 +184,19 @@ def test_every_committed_artifact_comes_from_a_clean_commit():
         f"{len(dirty)} committed artifacts were written from a dirty tree or an unknown commit "
         f"(first: {dirty[:3]}); regenerate them from a clean checkout (diagsink reproduce / sweep)"
     )
+
+
+def test_test_by_day_adds_up_to_the_metrics_and_a_malformed_one_is_refused(artifact):
+    """``attach_test_by_day`` stores one day's sums per test day; together they give the
+    metrics the run recorded; a field whose windows do not add up to the split is refused."""
+    path, art = artifact
+    field = attach_test_by_day(path, toy_data())
+    loaded = load_artifact(path)
+    assert loaded["test_by_day"] == field and loaded["metrics"] == art["metrics"]
+    assert sum(field["windows"]) == art["provenance"]["data"]["windows"]["test"]
+    again = metrics_from_sums(field["sums"])
+    assert again == pytest.approx(art["metrics"], rel=1e-6)
+    bad = {k: v for k, v in loaded.items() if k != "checksum"}
+    bad["test_by_day"] = {**field, "windows": [w + 1 for w in field["windows"]]}
+    with pytest.raises(ArtifactError, match="test_by_day"):
+        write_artifact(path.parent / "bad.json", bad)

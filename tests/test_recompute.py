@@ -1,6 +1,9 @@
 """Every committed run with weights recomputes its numbers with the current code, on any CPU.
 
-What is recomputed: the test metrics of every run with weights; the stored ``sensitivity`` field
+What is recomputed: the test metrics of every run with weights (a full-length run, whose test
+split of several thousand windows takes about half a minute to predict, through its stored sums
+by day: every day's sums must add up to the recorded metrics, and one day, predicted again from
+the weights, must give its stored sums; :func:`_day_of`); the stored ``sensitivity`` field
 (input-step profile, last-block map statistics, per-block paths), which costs about three times
 the metrics, of a fixed sample of ten (:func:`_sample`: in every protocol the runs with the
 flattest and with the sharpest maps, and every variant at least once).
@@ -43,6 +46,7 @@ import torch
 
 from diagsink.data import load_metr_la, toy_data
 from diagsink.engine.artifacts import ArtifactError
+from diagsink.engine.by_day import SUMS, day_sums, metrics_from_sums
 from diagsink.engine.prepare import prepare
 from diagsink.engine.reload import (
     LoadedRun,
@@ -61,6 +65,14 @@ WITH_WEIGHTS = sorted(
     for p in (ROOT / "book" / "results").glob("*/*.json")
     if json.loads(p.read_text())["state_dict"].get("file")
 )
+#: Runs with more test windows than this are recomputed one day at a time (the full-length ones).
+BY_DAY_ABOVE = 2000
+BY_DAY = [
+    p
+    for p in WITH_WEIGHTS
+    if json.loads(p.read_text())["provenance"]["data"]["windows"]["test"] > BY_DAY_ABOVE
+]
+WHOLE = [p for p in WITH_WEIGHTS if p not in BY_DAY]
 
 METRIC_RTOL = 1e-5  # of the recorded value
 MAP_STD_FRACTION = 1e-2  # of the recorded spread over the maps
@@ -192,11 +204,45 @@ def test_the_committed_runs_with_weights_are_found():
 
 
 # One test per artifact: each takes a second or two, and a failure names its file.
-@pytest.mark.parametrize("path", WITH_WEIGHTS, ids=map(_id, WITH_WEIGHTS))
+@pytest.mark.parametrize("path", WHOLE, ids=map(_id, WHOLE))
 def test_every_committed_run_recomputes_its_test_metrics(path, loaded):
     run = loaded(path)
     lines = metric_lines(run.artifact["metrics"], recompute_metrics(run))
     assert not lines, _regenerate(path, lines)
+
+
+def _day_of(path: Path) -> str:
+    """The day of ``path``'s test split that is predicted again: the run's position among the
+    full-length runs, modulo the number of days, so that the runs together cover every day."""
+    days = _artifact(path)["test_by_day"]["days"]
+    return days[BY_DAY.index(path) % len(days)]
+
+
+def day_lines(recorded: dict, again: dict) -> list[str]:
+    """The sums of one day outside their tolerance: the counts exactly, the error sums (sums of
+    positive terms, as well conditioned as the metrics) at ``METRIC_RTOL`` of their value."""
+    lines = []
+    for k in SUMS:
+        for c, (v, w) in enumerate(zip(recorded[k], again[k])):
+            tol = 0.0 if k == "n" else METRIC_RTOL * abs(v)
+            lines += _outside(f"{k}[{c}]", v, w, tol)
+    return lines
+
+
+@pytest.mark.parametrize("path", BY_DAY, ids=map(_id, BY_DAY))
+def test_every_full_length_run_recomputes_its_metrics_by_day(path, loaded, data):
+    art = _artifact(path)
+    assert "test_by_day" in art, (
+        f"{_id(path)} has no test_by_day: run diagsink.engine.by_day.attach_test_by_day on it"
+    )
+    by_day = art["test_by_day"]
+    lines = metric_lines(art["metrics"], metrics_from_sums(by_day["sums"]))
+    assert not lines, f"{_id(path)}: its days do not add up to its metrics: " + "; ".join(lines)
+    day = _day_of(path)
+    stamps = data(art["provenance"]["config"]["data"].get("speed_file")).timestamps
+    again = day_sums(loaded(path), stamps, day)
+    lines = day_lines(by_day["sums"][by_day["days"].index(day)], again)
+    assert not lines, _regenerate(path, [f"{day}: {line}" for line in lines])
 
 
 @pytest.mark.parametrize("path", SENSITIVITY_SAMPLE, ids=map(_id, SENSITIVITY_SAMPLE))
@@ -263,6 +309,26 @@ def test_a_perturbed_run_fails(path, loaded):
     assert not any(n.startswith("paths.block0.") for n in names)  # the blocks before: unchanged
     if path != NEAR_UNIFORM:  # near-uniform attention averages the values whatever its queries
         assert "MAE@mean" in names and any(n.startswith("profile.S") for n in names)
+
+
+def test_a_perturbed_full_length_run_fails_its_day(loaded, data):
+    """The same 2 % change of the last block's queries moves one day's error sums outside
+    their tolerance; a day's sums changed by 2e-5 of their value (or one count) fail as well."""
+    path = BY_DAY[0]
+    art = _artifact(path)
+    stored = art["test_by_day"]["sums"][art["test_by_day"]["days"].index(_day_of(path))]
+    shifted = {
+        k: [v + (1 if k == "n" else 2 * METRIC_RTOL * v) for v in vs] for k, vs in stored.items()
+    }
+    assert len(day_lines(stored, shifted)) == len(SUMS) * 4
+    run = loaded(path)
+    last = run.model.blocks[-1].attn
+    with torch.no_grad():
+        last.q_proj.weight.mul_(1.02)
+        last.q_proj.bias.mul_(1.02)
+    stamps = data(art["provenance"]["config"]["data"].get("speed_file")).timestamps
+    lines = day_lines(stored, day_sums(run, stamps, _day_of(path)))
+    assert {line.split("[")[0] for line in lines} == {"abs", "sq", "ape"}
 
 
 # --------------------------------------------------------------------------- the protocols

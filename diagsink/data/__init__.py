@@ -7,7 +7,7 @@ Explained in the chapter ``book/metr_la.ipynb`` ("METR-LA"). The modules:
 * :mod:`~diagsink.data.download`   fetching the files from public mirrors, with checksums
 * :mod:`~diagsink.data.windows`    the 12-in/12-out windows, the chronological split, the scaler
 * :mod:`~diagsink.data.adjacency`  DCRNN's Gaussian-kernel graph and its diffusion supports
-* :mod:`~diagsink.data.baselines`  historical average and last value
+* :mod:`~diagsink.data.baselines`  historical averages, last value, linear forecaster
 * :mod:`~diagsink.data.synthetic`  a small synthetic stand-in for tests and demonstrations (:func:`toy_data`)
 
 Every public name of these modules is importable from :mod:`diagsink.data` itself.

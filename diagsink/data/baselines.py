@@ -42,6 +42,7 @@ __all__ = [
     "last_value",
     "fit_linear",
     "linear_forecaster",
+    "baseline_forecasts",
     "baseline_table",
     "SLOTS_PER_DAY",
 ]
@@ -172,48 +173,42 @@ def linear_forecaster(
     return np.einsum("bin,nhi->bhn", design, weights)
 
 
+def baseline_forecasts(
+    speed: np.ndarray, timestamps: pd.DatetimeIndex, splits: Splits | None = None
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The baselines' forecasts of the test windows and their targets, ``[B, t_out, N]`` mph each.
+
+    In order: the historical average by weekday/weekend and by time of week (fitted on
+    ``speed[:train_steps(splits)]``), the last value, and the linear forecaster (fitted on the
+    training windows). ``splits`` defaults to DCRNN's protocol for this series.
+    """
+    splits = splits or split_windows(len(speed))
+    t_in, t_out, test = splits.t_in, splits.t_out, splits.test
+    target = gather(torch.as_tensor(np.asarray(speed, dtype=np.float64)), test, t_out, offset=t_in)
+    fit = train_steps(splits)
+    forecasts = {
+        "historical average": historical_average(
+            historical_average_table(speed, timestamps, fit), timestamps, test, t_in, t_out
+        ),
+        "historical average (time of week)": historical_average(
+            historical_average_table(speed, timestamps, fit, "week"), timestamps, test, t_in, t_out
+        ),
+        "last value (copy the present)": last_value(speed, test, t_in, t_out),
+        "linear (12 inputs, per sensor)": linear_forecaster(
+            speed, fit_linear(speed, splits.train, t_in, t_out), test, t_in, t_out
+        ),
+    }
+    return {k: torch.as_tensor(v) for k, v in forecasts.items()}, target
+
+
 def baseline_table(
     speed: np.ndarray,
     timestamps: pd.DatetimeIndex,
     splits: Splits | None = None,
     horizons=(3, 6, 12),
 ) -> pd.DataFrame:
-    """Masked metrics of the baselines on the test split, one row each (horizons and the 12-step mean).
-
-    Rows: the historical average by weekday/weekend and by time of week (fitted on
-    ``speed[:train_steps(splits)]``), the last value, and the linear forecaster (fitted on the
-    training windows). ``splits`` defaults to DCRNN's protocol for this series.
-    """
-    splits = splits or split_windows(len(speed))
-    t_in, t_out = splits.t_in, splits.t_out
-    target = gather(
-        torch.as_tensor(np.asarray(speed, dtype=np.float64)), splits.test, t_out, offset=t_in
-    )
-    table = historical_average_table(speed, timestamps, train_steps(splits))
-    rows = {
-        "historical average": horizon_metrics(
-            historical_average(table, timestamps, splits.test, t_in, t_out), target, horizons
-        ),
-        "historical average (time of week)": horizon_metrics(
-            historical_average(
-                historical_average_table(speed, timestamps, train_steps(splits), "week"),
-                timestamps,
-                splits.test,
-                t_in,
-                t_out,
-            ),
-            target,
-            horizons,
-        ),
-        "last value (copy the present)": horizon_metrics(
-            last_value(speed, splits.test, t_in, t_out), target, horizons
-        ),
-        "linear (12 inputs, per sensor)": horizon_metrics(
-            linear_forecaster(
-                speed, fit_linear(speed, splits.train, t_in, t_out), splits.test, t_in, t_out
-            ),
-            target,
-            horizons,
-        ),
-    }
+    """Masked metrics of the baselines on the test split, one row each (horizons and the 12-step
+    mean): :func:`baseline_forecasts` scored with :func:`diagsink.metrics.horizon_metrics`."""
+    forecasts, target = baseline_forecasts(speed, timestamps, splits)
+    rows = {name: horizon_metrics(pred, target, horizons) for name, pred in forecasts.items()}
     return pd.DataFrame(rows).T

@@ -13,6 +13,8 @@ A run of :func:`diagsink.engine.train.train_run` writes ``<out>/<protocol>/<vari
   last block's per-sequence map statistics and every block's Jacobian path norms on its real
   inputs (``paths``, :func:`diagsink.sensitivity.block_paths`), with the commit and settings
   that computed them;
+* ``test_by_day`` (optional, added later from the saved weights): the error sums of every test
+  day, which add up to ``metrics`` (:mod:`diagsink.engine.by_day`);
 * ``checksum``: sha256 of the canonical JSON of everything else, so an edited file is detected.
 
 Files are written atomically (:func:`diagsink._io.atomic_write_text`). The results chapter
@@ -156,6 +158,8 @@ def validate_artifact(art: dict[str, Any], *, check_sum: bool = True) -> dict[st
     if "sensitivity" in art:
         model = prov["config"]["model"]
         _check_sensitivity(art["sensitivity"], model["t_in"], model["depth"])
+    if "test_by_day" in art:
+        _check_by_day(art["test_by_day"], prov["data"].get("windows", {}).get("test"))
     if check_sum and checksum(art) != art["checksum"]:
         raise ArtifactError(
             "checksum mismatch: the artifact was edited or corrupted; regenerate it."
@@ -210,6 +214,29 @@ def _check_sensitivity(sens: Any, t_in: int, depth: int) -> None:
     if not ok:
         raise ArtifactError(
             "artifact field 'sensitivity' is malformed; recompute it with `diagsink sensitivity <artifact>`."
+        )
+
+
+def _check_by_day(field: Any, test_windows: int | None) -> None:
+    """The optional ``test_by_day`` field (:func:`diagsink.engine.by_day.attach_test_by_day`):
+    one entry of sums per day, four sums of four columns each, the windows adding up to the
+    test split."""
+    try:
+        days, windows, sums = field["days"], field["windows"], field["sums"]
+        ok = (
+            isinstance(field.get("git_commit"), str)
+            and len(field["columns"]) == 4
+            and len(days) == len(windows) == len(sums) > 0
+            and all(sorted(s) == ["abs", "ape", "n", "sq"] for s in sums)
+            and all(len(v) == 4 for s in sums for v in s.values())
+            and (test_windows is None or sum(windows) == test_windows)
+        )
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise ArtifactError(
+            "artifact field 'test_by_day' is malformed; recompute it with "
+            "`diagsink.engine.by_day.attach_test_by_day`."
         )
 
 
