@@ -353,7 +353,20 @@ def bound(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | Non
     which uses the weights and ``x`` only.
     """
     p = _heads(layer, x, dropped)
-    T = x.shape[0]
+    c, a_diag = _bound_constants(layer, p)
+    off, off_average, diag = _path_bounds(layer, c, a_diag)
+    rest = diag["value"] + diag["key"] + diag["query"]
+    diag_lower = max(0.0, 1.0 - rest) if layer.residual else 0.0
+    return Bounds(off, off_average, diag, diag_lower, c)
+
+
+def _bound_constants(layer: TemporalAttention, p: _Heads) -> tuple[dict, list[float]]:
+    """The constants of :func:`bound` (``Bounds.constants``) and the diagonal factors ``a'_h``.
+
+    Norms of the input ``p.u`` ``[T, C]`` (``R``, ``D``, ``V``), of the per-head weights (``ν``,
+    ``ρ``, ``κ``, ``Q``), and the measured and a-priori logit spreads ``Δ_h`` with ``a_h``.
+    """
+    T = p.u.shape[0]
     H = layer.n_heads
     sqrt_d = math.sqrt(layer.d_head)
     u = p.u
@@ -375,8 +388,32 @@ def bound(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | Non
     a_diag = [a[h] if bool(diag_open[h]) else 0.0 for h in range(H)]
     penalty = abs(layer.diag_penalty) if layer.diag == "penalty" else 0.0
     delta_apriori = [Qb[h] * kappa[h] * D / sqrt_d + penalty for h in range(H)]
+    constants = {
+        "T": T,
+        "N": N,
+        "d": layer.d_head,
+        "R": R,
+        "D": D,
+        "V": V,
+        "nu": nu,
+        "rho": rho,
+        "kappa": kappa,
+        "Q": Qb,
+        "delta": delta,
+        "delta_apriori": delta_apriori,
+        "alpha_max_bound": a,
+    }
+    return constants, a_diag
 
-    key_c = [nu[h] * kappa[h] * Qb[h] * D / sqrt_d for h in range(H)]
+
+def _path_bounds(
+    layer: TemporalAttention, c: dict, a_diag: list[float]
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """The per-path bounds of :func:`bound` from its constants: ``(off, off_average, diag)``."""
+    T, H, D = c["T"], layer.n_heads, c["D"]
+    sqrt_d = math.sqrt(layer.d_head)
+    nu, rho, kappa, a = c["nu"], c["rho"], c["kappa"], c["alpha_max_bound"]
+    key_c = [nu[h] * kappa[h] * c["Q"][h] * D / sqrt_d for h in range(H)]
     off = {
         "residual": 0.0,
         "value": sum(a[h] * nu[h] for h in range(H)),
@@ -401,24 +438,7 @@ def bound(layer: TemporalAttention, x: torch.Tensor, dropped: torch.Tensor | Non
         "query": sum(nu[h] * rho[h] * kappa[h] * D**2 / (4 * sqrt_d) for h in range(H)),
     }
     diag["total"] = sum(diag[name] for name in PATHS)
-    rest = diag["value"] + diag["key"] + diag["query"]
-    diag_lower = max(0.0, 1.0 - rest) if layer.residual else 0.0
-    constants = {
-        "T": T,
-        "N": N,
-        "d": layer.d_head,
-        "R": R,
-        "D": D,
-        "V": V,
-        "nu": nu,
-        "rho": rho,
-        "kappa": kappa,
-        "Q": Qb,
-        "delta": delta,
-        "delta_apriori": delta_apriori,
-        "alpha_max_bound": a,
-    }
-    return Bounds(off, off_average, diag, diag_lower, constants)
+    return off, off_average, diag
 
 
 def path_norms(layer: nn.Module, x: torch.Tensor, norm: str = "fro") -> dict[str, dict[str, float]]:

@@ -228,61 +228,87 @@ def sensitivity_vs_length(
     layers = (
         [layer] * n_samples if layer is not None else [factory(seed + s) for s in range(n_samples)]
     )
-    C = layers[0].d_model
+    make = _input_maker(inputs, layers[0])
     dtype = next(layers[0].parameters()).dtype
-    if inputs == "sphere":
-        make = lambda t, g: sphere_inputs(t, C, g, dtype)  # noqa: E731
-    elif inputs == "gaussian":
-        make = lambda t, g: gaussian_inputs(t, C, g, dtype)  # noqa: E731
-    elif callable(inputs):
-        make = inputs
-    else:
-        raise ConfigError(
-            f"inputs={inputs!r}: use 'sphere', 'gaussian' or a callable (T, generator) -> [T, C]."
-        )
-    names = (*PATHS, "total")
-    mean = {k: {n: np.zeros(len(lengths)) for n in names} for k in KINDS}
-    mx = {k: {n: np.zeros(len(lengths)) for n in names} for k in KINDS}
-    bnd = {k: {n: np.zeros(len(lengths)) for n in names} for k in KINDS}
-    bavg = {n: np.zeros(len(lengths)) for n in names}
-    amax = np.zeros(len(lengths))
-    max_exact = [max_rows is None or T <= max_rows for T in lengths]
+    acc = _Totals(len(lengths))
     gen = torch.Generator().manual_seed(seed)
     for li, T in enumerate(lengths):
         for s in range(n_samples):
-            lay = layers[s]
             x = make(T, gen).to(dtype)
             if max_rows is not None and T > max_rows:
                 rows = torch.randperm(T, generator=gen)[:max_rows]
             else:
                 rows = torch.arange(T)
-            norms = block_norms(lay, x, norm=norm, rows=rows)
-            is_diag = rows[:, None] == torch.arange(T)[None, :]
-            b = bound(lay, x)
-            for n in names:
-                vals = norms[n]
-                mean["off"][n][li] += float(vals[~is_diag].mean()) / n_samples
-                mean["diag"][n][li] += float(vals[is_diag].mean()) / n_samples
-                mx["off"][n][li] += float(vals[~is_diag].max()) / n_samples
-                mx["diag"][n][li] += float(vals[is_diag].max()) / n_samples
-                bnd["off"][n][li] += b.off[n] / n_samples
-                bnd["diag"][n][li] += b.diag[n] / n_samples
-                bavg[n][li] += b.off_average[n] / n_samples
-            with torch.no_grad():
-                alpha = torch.softmax(lay.scores(lay.pos(x)), dim=-1)
-            amax[li] += float(alpha.max()) / n_samples
-    slope = {k: {n: loglog_slope(lengths, mean[k][n]) for n in names} for k in KINDS}
-    max_slope = {k: {n: loglog_slope(lengths, mx[k][n]) for n in names} for k in KINDS}
+            acc.add(li, layers[s], x, rows, norm, n_samples)
+    names = (*PATHS, "total")
+    slope = {k: {n: loglog_slope(lengths, acc.mean[k][n]) for n in names} for k in KINDS}
+    max_slope = {k: {n: loglog_slope(lengths, acc.mx[k][n]) for n in names} for k in KINDS}
     return Sweep(
         lengths,
         norm,
-        mean,
-        mx,
-        bnd,
-        bavg,
-        amax,
+        acc.mean,
+        acc.mx,
+        acc.bnd,
+        acc.bavg,
+        acc.amax,
         slope,
         max_slope,
         time.perf_counter() - start,
-        max_exact,
+        [max_rows is None or T <= max_rows for T in lengths],
     )
+
+
+def _input_maker(
+    inputs: str | Callable[[int, torch.Generator], torch.Tensor], layer: TemporalAttention
+) -> Callable[[int, torch.Generator], torch.Tensor]:
+    """``(T, generator) -> [T, C]`` inputs for ``layer``: ``"sphere"``, ``"gaussian"`` or ``inputs`` itself."""
+    C = layer.d_model
+    dtype = next(layer.parameters()).dtype
+    if inputs == "sphere":
+        return lambda t, g: sphere_inputs(t, C, g, dtype)
+    if inputs == "gaussian":
+        return lambda t, g: gaussian_inputs(t, C, g, dtype)
+    if callable(inputs):
+        return inputs
+    raise ConfigError(
+        f"inputs={inputs!r}: use 'sphere', 'gaussian' or a callable (T, generator) -> [T, C]."
+    )
+
+
+class _Totals:
+    """The sums of :func:`sensitivity_vs_length`, one entry per length: block norms and bounds."""
+
+    def __init__(self, n_lengths: int) -> None:
+        names = (*PATHS, "total")
+        self.mean = {k: {n: np.zeros(n_lengths) for n in names} for k in KINDS}
+        self.mx = {k: {n: np.zeros(n_lengths) for n in names} for k in KINDS}
+        self.bnd = {k: {n: np.zeros(n_lengths) for n in names} for k in KINDS}
+        self.bavg = {n: np.zeros(n_lengths) for n in names}
+        self.amax = np.zeros(n_lengths)
+
+    def add(
+        self,
+        li: int,
+        layer: TemporalAttention,
+        x: torch.Tensor,
+        rows: torch.Tensor,
+        norm: str,
+        n_samples: int,
+    ) -> None:
+        """Add one of ``n_samples`` samples (``x`` ``[T, C]``, query ``rows``) to length ``li``'s means."""
+        T = x.shape[0]
+        norms = block_norms(layer, x, norm=norm, rows=rows)
+        is_diag = rows[:, None] == torch.arange(T)[None, :]
+        b = bound(layer, x)
+        for n in (*PATHS, "total"):
+            vals = norms[n]
+            self.mean["off"][n][li] += float(vals[~is_diag].mean()) / n_samples
+            self.mean["diag"][n][li] += float(vals[is_diag].mean()) / n_samples
+            self.mx["off"][n][li] += float(vals[~is_diag].max()) / n_samples
+            self.mx["diag"][n][li] += float(vals[is_diag].max()) / n_samples
+            self.bnd["off"][n][li] += b.off[n] / n_samples
+            self.bnd["diag"][n][li] += b.diag[n] / n_samples
+            self.bavg[n][li] += b.off_average[n] / n_samples
+        with torch.no_grad():
+            alpha = torch.softmax(layer.scores(layer.pos(x)), dim=-1)
+        self.amax[li] += float(alpha.max()) / n_samples

@@ -120,11 +120,7 @@ def export(
             "--out is empty; it names the export folder. Fix: e.g. --out course_export."
         )
     root = find_book_root(source)
-    out = _check_out_dir(Path(out))
-    if _inside(out, root / "book"):
-        raise ConfigError(
-            f"--out {out} overlaps the book sources in {root}; choose a folder outside book/."
-        )
+    out = _checked_out(Path(out), root)
     paths = [Path(p) for p in notebooks] if notebooks is not None else toc_notebooks(root)
     if not paths:
         raise ConfigError(f"no notebook chapters listed in {root / '_toc.yml'}; nothing to export.")
@@ -133,7 +129,30 @@ def export(
             f"{out / 'instructor'} holds solutions from an earlier export; delete it or choose another --out "
             "before writing a student-only export."
         )
+    prepared, n_ex = _editions_of(paths, root)
+    editions = ["student"] + (["instructor"] if solutions else [])
+    _write_editions(out, editions, prepared, root / "book", _assets(root / "book"))
+    return ExportReport(
+        out=out, editions=editions, notebooks=[name for name, _, _ in prepared], exercises=n_ex
+    )
 
+
+def _checked_out(out: Path, root: Path) -> Path:
+    """``out`` as a writable folder outside the book sources in ``root``, or a one-line error."""
+    out = _check_out_dir(out)
+    if _inside(out, root / "book"):
+        raise ConfigError(
+            f"--out {out} overlaps the book sources in {root}; choose a folder outside book/."
+        )
+    return out
+
+
+def _editions_of(paths: list[Path], root: Path) -> tuple[list[tuple[str, object, object]], int]:
+    """``([(file name, student notebook, instructor notebook)], number of exercises)`` of ``paths``.
+
+    Every chapter is checked against the exercise pattern first; any problem stops the export
+    before anything is written.
+    """
     registered = registered_labels()
     names: list[str] = []
     prepared: list[tuple[str, object, object]] = []
@@ -153,11 +172,16 @@ def export(
         raise ConfigError(
             "the exercise pattern is broken, nothing was exported:\n  " + "\n  ".join(problems)
         )
+    return prepared, n_ex
 
-    # folders next to the chapters (e.g. book/results/ with the result artifacts) travel with
-    # them, so relative paths in the notebooks keep working; no symbolic links are followed
-    book = root / "book"
-    assets = sorted(
+
+def _assets(book: Path) -> list[Path]:
+    """The files in the folders next to the chapters (e.g. ``book/results/``), which travel with them.
+
+    Relative paths in the notebooks keep working; hidden files, ``__pycache__``, folders whose
+    name starts with ``_`` and symbolic links are left out.
+    """
+    return sorted(
         p
         for d in (book.iterdir() if book.is_dir() else [])
         if d.is_dir() and not d.is_symlink() and not d.name.startswith(("_", "."))
@@ -168,7 +192,20 @@ def export(
             part.startswith(".") or part == "__pycache__" for part in p.relative_to(book).parts
         )
     )
-    editions = ["student"] + (["instructor"] if solutions else [])
+
+
+def _write_editions(
+    out: Path,
+    editions: list[str],
+    prepared: list[tuple[str, object, object]],
+    book: Path,
+    assets: list[Path],
+) -> None:
+    """Write every edition into a staging folder inside ``out``, then move each to ``out/<edition>``.
+
+    Only when every file of every edition is written are the previous editions replaced, so an
+    interrupted export leaves them intact.
+    """
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".diagsink-export-", dir=out))
     try:
@@ -196,4 +233,3 @@ def export(
             os.replace(staging / edition, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return ExportReport(out=out, editions=editions, notebooks=names, exercises=n_ex)

@@ -272,9 +272,31 @@ def exercise_problems(
     if registered is None:
         registered = registered_labels()
     registered = set(registered)
-    problems: list[str] = []
+    problems = _span_problems(nb, name)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and _SOLUTION_RE.search(_src(cell)):
+            problems.append(
+                f"{name} cell {i}: use the gated {{solution-start}}/{{solution-end}} pattern, not {{solution}}"
+            )
+    for label, ex in exercises_of(nb).items():
+        if label.startswith("<"):
+            problems.append(f"{name}: {label}")
+            continue
+        if not ex.stubs and not ex.solutions and not ex.checks:
+            continue  # an {exercise} without code (a question to answer in words)
+        where = f"{name} [{label}]"
+        problems += [f"{where}: {p}" for p in _exercise_problems(nb, label, ex, registered)]
+    return problems
+
+
+def _span_problems(nb, name: str) -> list[str]:
+    """What is wrong with the ``{solution-start}``/``{solution-end}`` spans of ``nb``.
+
+    The markers must pair up and be alone in their markdown cells; every code cell between
+    them must be tagged ``exercise-solution`` and be neither a stub nor a check.
+    """
     spans, span_problems = _solution_spans(nb)
-    problems += [f"{name}: {p}" for p in span_problems]
+    problems = [f"{name}: {p}" for p in span_problems]
     for start, end, label in spans:
         for idx, pattern in ((start, _START_ALONE_RE), (end, _END_ALONE_RE)):
             if not pattern.fullmatch(_src(nb.cells[idx]).strip()):
@@ -293,50 +315,35 @@ def exercise_problems(
                 problems.append(
                     f"{name} cell {i}: a stub or check cell sits inside the solution of {label}"
                 )
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "markdown" and _SOLUTION_RE.search(_src(cell)):
-            problems.append(
-                f"{name} cell {i}: use the gated {{solution-start}}/{{solution-end}} pattern, not {{solution}}"
-            )
-    for label, ex in exercises_of(nb).items():
-        where = f"{name} [{label}]"
-        if label.startswith("<"):
-            problems.append(f"{name}: {label}")
-            continue
-        if not ex.stubs and not ex.solutions and not ex.checks:
-            continue  # an {exercise} without code (a question to answer in words)
-        if len(ex.stubs) != 1:
-            problems.append(
-                f"{where}: {len(ex.stubs)} stub cells (tag {STUB_TAG!r}), expected exactly 1"
-            )
-        if len(ex.solutions) != 1:
-            problems.append(
-                f"{where}: {len(ex.solutions)} solution cells (tag {SOLUTION_TAG!r}), expected exactly 1"
-            )
-        if len(ex.checks) != 1:
-            problems.append(
-                f"{where}: {len(ex.checks)} check cells (tag {CHECK_TAG!r}), expected exactly 1"
-            )
-        if ex.stubs and ex.stub_messages != [label]:
-            problems.append(
-                f"{where}: the stub must raise NotImplementedError({label!r}); it names {ex.stub_messages or 'nothing'}"
-            )
-        if label not in registered:
-            problems.append(
-                f"{where}: no check registered; add @register({label!r}) in diagsink/exercises/"
-            )
-        if not ex.directive:
-            problems.append(f"{where}: no {{exercise}} markdown cell with ':label: {label}'")
-        if len(ex.stubs) == 1 and len(ex.solutions) == 1:
-            stub_names = _defined_names(_src(nb.cells[ex.stubs[0]]))
-            sol_names = _defined_names(_src(nb.cells[ex.solutions[0]]))
-            if not stub_names <= sol_names:
-                problems.append(
-                    f"{where}: the solution does not redefine {sorted(stub_names - sol_names)}"
-                )
-        order = ex.stubs[:1] + ex.solutions[:1] + ex.checks[:1]
-        if len(order) == 3 and order != sorted(order):
-            problems.append(f"{where}: the cells must come in the order stub, solution, check")
+    return problems
+
+
+def _exercise_problems(nb, label: str, ex: Exercise, registered: set[str]) -> list[str]:
+    """What is wrong with exercise ``label`` (its cells ``ex``): counts, stub message, check, order."""
+    problems: list[str] = []
+    for count, tag, what in (
+        (len(ex.stubs), STUB_TAG, "stub"),
+        (len(ex.solutions), SOLUTION_TAG, "solution"),
+        (len(ex.checks), CHECK_TAG, "check"),
+    ):
+        if count != 1:
+            problems.append(f"{count} {what} cells (tag {tag!r}), expected exactly 1")
+    if ex.stubs and ex.stub_messages != [label]:
+        problems.append(
+            f"the stub must raise NotImplementedError({label!r}); it names {ex.stub_messages or 'nothing'}"
+        )
+    if label not in registered:
+        problems.append(f"no check registered; add @register({label!r}) in diagsink/exercises/")
+    if not ex.directive:
+        problems.append(f"no {{exercise}} markdown cell with ':label: {label}'")
+    if len(ex.stubs) == 1 and len(ex.solutions) == 1:
+        stub_names = _defined_names(_src(nb.cells[ex.stubs[0]]))
+        sol_names = _defined_names(_src(nb.cells[ex.solutions[0]]))
+        if not stub_names <= sol_names:
+            problems.append(f"the solution does not redefine {sorted(stub_names - sol_names)}")
+    order = ex.stubs[:1] + ex.solutions[:1] + ex.checks[:1]
+    if len(order) == 3 and order != sorted(order):
+        problems.append("the cells must come in the order stub, solution, check")
     return problems
 
 

@@ -346,6 +346,28 @@ def validate_speed(
     """
     cols = [str(c).strip() for c in columns]
     sensor_positions(cols, sensor_ids, path=path)
+    index = _time_index(index, path)
+    if speed.shape != (len(index), len(cols)):
+        raise DataError(
+            f"{path}: values {speed.shape} do not match {len(index)} timestamps x {len(cols)} columns. "
+            "Fix: use an unmodified metr-la.h5 (`diagsink data download`)."
+        )
+    _check_speed_values(speed, index, cols, path)
+    if require_full and (
+        speed.shape != (FULL_STEPS, len(sensor_ids))
+        or index[0] != FULL_START
+        or index[-1] != FULL_END
+    ):
+        raise DataError(
+            f"{path} is {speed.shape[0]} x {speed.shape[1]} from {index[0]} to {index[-1]}; the full METR-LA is "
+            f"{FULL_STEPS} x {N_SENSORS} from {FULL_START} to {FULL_END}. Fix: download the complete file "
+            "(`diagsink data download`)."
+        )
+    return speed, pd.DatetimeIndex(index)
+
+
+def _time_index(index, path: Path | str) -> pd.DatetimeIndex:
+    """``index`` as a non-empty :class:`pandas.DatetimeIndex` in contiguous 5-minute steps, or a DataError."""
     if not isinstance(index, pd.DatetimeIndex):
         try:
             if pd.api.types.is_numeric_dtype(np.asarray(index)):
@@ -370,11 +392,13 @@ def validate_speed(
                 f"between {index[i]} and {index[i + 1]}. Fix: reindex to a full 5-minute range and fill missing rows "
                 "with 0 (df.reindex(pd.date_range(start, end, freq='5min'), fill_value=0)), or use an unmodified metr-la.h5."
             )
-    if speed.shape != (len(index), len(cols)):
-        raise DataError(
-            f"{path}: values {speed.shape} do not match {len(index)} timestamps x {len(cols)} columns. "
-            "Fix: use an unmodified metr-la.h5 (`diagsink data download`)."
-        )
+    return index
+
+
+def _check_speed_values(
+    speed: np.ndarray, index: pd.DatetimeIndex, cols: list[str], path: Path | str
+) -> None:
+    """Speeds ``[T, N]`` must be finite, ``>= 0`` (0: missing) and at most ``MAX_SPEED``; else a DataError."""
     finite = np.isfinite(speed)
     if not finite.all():
         r, c = np.argwhere(~finite)[0]
@@ -396,15 +420,3 @@ def validate_speed(
             f"detector reports (first {speed[r, c]:g} at {index[r]}, sensor {cols[c]}). Fix: set the bad "
             "readings to 0 (missing), e.g. df[df > 150] = 0, or use an unmodified metr-la.h5."
         )
-    if require_full:
-        if (
-            speed.shape != (FULL_STEPS, len(sensor_ids))
-            or index[0] != FULL_START
-            or index[-1] != FULL_END
-        ):
-            raise DataError(
-                f"{path} is {speed.shape[0]} x {speed.shape[1]} from {index[0]} to {index[-1]}; the full METR-LA is "
-                f"{FULL_STEPS} x {N_SENSORS} from {FULL_START} to {FULL_END}. Fix: download the complete file "
-                "(`diagsink data download`)."
-            )
-    return speed, pd.DatetimeIndex(index)

@@ -236,37 +236,18 @@ def run_sweep(
     """
 
     points = sweep_points(name, values, variants)
-    if not is_int(seeds) or not 1 <= seeds <= 100:
-        raise ConfigError(f"seeds = {seeds!r} must be a whole number in [1, 100].")
-    if epochs is not None and (not is_int(epochs) or epochs < 1):
-        raise ConfigError(f"epochs = {epochs!r} must be a whole number >= 1.")
-    base = load_config(cfg) if isinstance(cfg, (str, Path)) else copy.deepcopy(cfg)
-    if epochs is not None:
-        base = override(
-            base,
-            {
-                "train.epochs": epochs,
-                "train.warmup_epochs": min(base["train"]["warmup_epochs"], epochs - 1),
-            },
-        )
-
+    base = _sweep_config(cfg, seeds, epochs)
     device_t = resolve_device(device)
     done: list[Path] = []
     skipped: list[tuple[SweepPoint, str]] = []
-    prepared: dict[int, Any] = {}
+    prepared: dict[int, Any] = {}  # one prepared data set per input length
     for seed in range(seeds):
         for point in points:
             pcfg = override(base, {point.key: point.value})
             path = point_path(out_dir, pcfg["protocol"], point, seed)
-            status, detail = existing_run(path, pcfg)
-            if status == "finished":
-                log(f"skip {path.name} (finished)")
-                remove_stale_temporaries(path)
+            if _finished_point(path, pcfg, log):
                 done.append(path)
                 continue
-            if status != "absent":
-                why = "made with another configuration" if status == "other" else detail
-                log(f"redo {path.name}: {why}")
             if data is None:
                 data = load_metr_la()
             counts = _windows(int(data.n_steps), pcfg)
@@ -278,29 +259,74 @@ def run_sweep(
             t_in = pcfg["model"]["t_in"]
             if t_in not in prepared:
                 prepared[t_in] = prepare(data, pcfg, device_t)
-            t0 = time.perf_counter()
-            art = train_run(
-                copy.deepcopy(pcfg),
-                point.variant,
-                seed,
-                prepared=prepared[t_in],
-                device=str(device_t),
-                progress=progress,
-                write=False,
-            )
-            art["state_dict"] = {
-                **art["state_dict"],
-                "file": None,
-                "note": "not written for sweep points",
-            }
-            art["sweep"] = {"name": name, "key": point.key, "value": point.value, "windows": counts}
-            write_artifact(path, compact(art))
-            remove_stale_temporaries(path)  # left by an earlier process killed mid-write
-            log(
-                f"wrote {path.name}: MAE@mean {art['metrics']['MAE@mean']:.3f} ({time.perf_counter() - t0:.1f} s)"
-            )
+            _run_point(path, pcfg, point, seed, counts, prepared[t_in], progress, log)
             done.append(path)
     return {"done": done, "skipped": skipped}
+
+
+def _sweep_config(cfg: dict[str, Any] | str, seeds: int, epochs: int | None) -> dict[str, Any]:
+    """The sweep's base configuration (``epochs`` applied), after checking ``seeds`` and ``epochs``."""
+    if not is_int(seeds) or not 1 <= seeds <= 100:
+        raise ConfigError(f"seeds = {seeds!r} must be a whole number in [1, 100].")
+    if epochs is not None and (not is_int(epochs) or epochs < 1):
+        raise ConfigError(f"epochs = {epochs!r} must be a whole number >= 1.")
+    base = load_config(cfg) if isinstance(cfg, (str, Path)) else copy.deepcopy(cfg)
+    if epochs is None:
+        return base
+    return override(
+        base,
+        {
+            "train.epochs": epochs,
+            "train.warmup_epochs": min(base["train"]["warmup_epochs"], epochs - 1),
+        },
+    )
+
+
+def _finished_point(path: Path, cfg: dict[str, Any], log) -> bool:
+    """True when ``path`` holds a valid artifact of ``cfg`` (the point is skipped); else say why it reruns."""
+    status, detail = existing_run(path, cfg)
+    if status == "finished":
+        log(f"skip {path.name} (finished)")
+        remove_stale_temporaries(path)
+        return True
+    if status != "absent":
+        why = "made with another configuration" if status == "other" else detail
+        log(f"redo {path.name}: {why}")
+    return False
+
+
+def _run_point(
+    path: Path,
+    cfg: dict[str, Any],
+    point: SweepPoint,
+    seed: int,
+    counts: dict[str, int],
+    prepared: Any,
+    progress: bool,
+    log,
+) -> None:
+    """Train one sweep point on ``prepared`` and write its artifact (with its ``sweep`` field) to ``path``."""
+    t0 = time.perf_counter()
+    art = train_run(
+        copy.deepcopy(cfg),
+        point.variant,
+        seed,
+        prepared=prepared,
+        device=str(prepared.series.device),
+        progress=progress,
+        write=False,
+    )
+    art["state_dict"] = {
+        **art["state_dict"],
+        "file": None,
+        "note": "not written for sweep points",
+    }
+    art["sweep"] = {"name": point.sweep, "key": point.key, "value": point.value, "windows": counts}
+    write_artifact(path, compact(art))
+    remove_stale_temporaries(path)  # left by an earlier process killed mid-write
+    log(
+        f"wrote {path.name}: MAE@mean {art['metrics']['MAE@mean']:.3f} ({time.perf_counter() - t0:.1f} s)"
+    )
 
 
 def compact(art: dict[str, Any], digits: int = 6) -> dict[str, Any]:
