@@ -1,8 +1,9 @@
 """The GPU script (tools/gpu_reproduce.sh) works offline: a dry run of it on the CPU.
 
-The dry run trains one quick run through the same steps as the GPU call (reproduce, then the
-sensitivity of every finished run), writes the provenance log, and refuses to start without a
-data folder (exit 2, one line).
+The dry run trains one run through the same steps as the GPU call (reproduce, then the
+sensitivity of every finished run) on a protocol file the size of a smoke test (the quick
+protocol, narrower, one epoch of two batches), writes the provenance log, and refuses to start
+without a data folder (exit 2, one line).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import os
 import subprocess
 import sys
 
+import yaml
 from conftest import ROOT
+
+from diagsink.engine.config import load_config, override
 
 SCRIPT = ROOT / "tools" / "gpu_reproduce.sh"
 
@@ -23,18 +27,33 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: The quick protocol at the size of a smoke test: every step runs, on two batches of training.
+TINY = {
+    "protocol": "custom-tiny",
+    "model.d_model": 8,
+    "model.node_embed_dim": 4,
+    "train.epochs": 1,
+    "train.warmup_epochs": 0,
+    "train.max_train_windows": 32,
+}
+
+
 def test_dry_run_on_the_cpu_trains_and_attaches_sensitivity(tmp_path):
     data = os.environ.get("DIAGSINK_DATA")
     assert data, "set DIAGSINK_DATA to the METR-LA folder (CI does)"
-    env = _env(DIAGSINK_DATA=data, DEVICE="cpu", STEPS="quick", SEEDS="1", VARIANTS="none")
+    protocol = tmp_path / "custom-tiny.yaml"
+    protocol.write_text(yaml.safe_dump(override(load_config("quick"), TINY), sort_keys=False))
+    out_dir = tmp_path / "out"
+    env = _env(DIAGSINK_DATA=data, DEVICE="cpu", STEPS=str(protocol), SEEDS="1", VARIANTS="none")
     out = subprocess.run(
-        ["bash", str(SCRIPT), str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True
+        ["bash", str(SCRIPT), str(out_dir)], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    art = json.loads((tmp_path / "quick" / "none_seed0.json").read_text())
+    art = json.loads((out_dir / "custom-tiny" / "none_seed0.json").read_text())
+    assert art["epochs_run"] == 1 and art["provenance"]["config"]["model"]["d_model"] == 8
     assert "sensitivity" in art and art["provenance"]["device"].startswith("cpu")
-    log = (tmp_path / "gpu_reproduce.log").read_text()
-    assert "== provenance ==" in log and "== quick ==" in log and "wall time:" in log
+    log = (out_dir / "gpu_reproduce.log").read_text()
+    assert "== provenance ==" in log and f"== {protocol} ==" in log and "wall time:" in log
 
 
 def test_without_a_data_folder_it_stops_with_one_line(tmp_path):

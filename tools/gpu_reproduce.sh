@@ -17,8 +17,10 @@
 # Environment (defaults in brackets): PYTHON [python], DEVICE [cuda], SEEDS [4],
 # PAPER_SEEDS [4], VARIANTS [all five], STEPS ["full29 full29-released paper"],
 # SPEED_FILE [metr-la_29sensors_allsteps.h5], CAP [570] seconds for the whole script.
-# A dry run on a CPU (tested by tests/test_artifacts.py):
-#     DEVICE=cpu STEPS=quick SEEDS=1 VARIANTS=none tools/gpu_reproduce.sh /tmp/out
+# A step may also be a protocol file (STEPS="my-protocol.yaml"); its runs go to
+# OUT_DIR/<its protocol: name>/. A dry run on a CPU, the same steps on a tiny protocol file
+# (tests/test_gpu_script.py runs one of a single epoch of two batches):
+#     DEVICE=cpu STEPS=custom-tiny.yaml SEEDS=1 VARIANTS=none tools/gpu_reproduce.sh /tmp/out
 set -euo pipefail
 OUT="${1:-book/results}"
 PY="${PYTHON:-python}"
@@ -45,6 +47,13 @@ LOG="$OUT/gpu_reproduce.log"
 start=$(date +%s)
 left() { echo $(( CAP - ($(date +%s) - start) )); }
 
+name_of() {  # the folder a step's runs go to: a protocol's name, or a protocol file's `protocol:`
+  case "$1" in
+    *.yaml | *.yml) "$PY" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["protocol"])' "$1" ;;
+    *) echo "$1" ;;
+  esac
+}
+
 step() {  # step PROTOCOL [reproduce options...]: train, then attach the sensitivity of every run
   local protocol=$1; shift
   if [ "$(left)" -le 10 ]; then echo "skip $protocol: the time cap is spent" | tee -a "$LOG"; return 0; fi
@@ -52,7 +61,7 @@ step() {  # step PROTOCOL [reproduce options...]: train, then attach the sensiti
   timeout "$(left)" "$PY" -m diagsink reproduce --protocol "$protocol" --device "$DEVICE" --out "$OUT" \
     --no-progress "$@" 2>&1 | tee -a "$LOG" || \
     { echo "reproduce $protocol stopped (status $?): rerun this script to finish it" | tee -a "$LOG"; return 0; }
-  local runs=("$OUT/$protocol"/*_seed*.json)
+  local runs=("$OUT/$(name_of "$protocol")"/*_seed*.json)
   [ -e "${runs[0]}" ] && "$PY" -m diagsink sensitivity "${runs[@]}" 2>&1 | tee -a "$LOG"
   return 0
 }
