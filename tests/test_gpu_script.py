@@ -14,9 +14,10 @@ import subprocess
 import sys
 
 import yaml
-from conftest import ROOT
 
 from diagsink.engine.config import load_config, override
+
+from conftest import ROOT
 
 SCRIPT = ROOT / "tools" / "gpu_reproduce.sh"
 
