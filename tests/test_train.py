@@ -61,7 +61,7 @@ def test_epoch_parts_use_every_window_once_per_pass():
     """``train.epoch_parts = k``: k consecutive epochs cover the training windows exactly once."""
     from types import SimpleNamespace
 
-    from diagsink.engine.train import epoch_windows
+    from diagsink.engine.epoch import epoch_windows
 
     prepared = SimpleNamespace(train=torch.arange(100, 201))  # 101 window starts
     one = tiny()
@@ -112,6 +112,20 @@ def test_best_validation_weights_are_restored_before_testing(tmp_path):
     prepared = prepare(data, cfg)
     again = float(masked_mae(*predict(model, prepared, prepared.val, cfg)))
     assert again == pytest.approx(vals[art["best_epoch"]], rel=1e-5)
+
+
+def test_the_run_stops_and_restores_as_its_early_stopping_rule_decides():
+    """The run's best epoch and its stop are those of EarlyStopping replayed on its validation MAEs."""
+    from diagsink.engine.early_stopping import EarlyStopping
+
+    cfg = tiny(**{"train.epochs": 6, "train.lr": 3e-2, "train.patience": 2})
+    art = train_run(cfg, "none", 1, data=toy_data(), device="cpu", write=False, progress=False)
+    rule = EarlyStopping(patience=2, min_delta=cfg["train"]["min_delta"])
+    for entry in art["history"]:
+        assert not rule.should_stop  # the run went on only while the rule allowed it
+        rule.step(entry["val_mae"], entry["epoch"])
+    assert art["stopped"] == "early_stopping" and rule.should_stop
+    assert art["best_epoch"] == rule.best_epoch and art["epochs_run"] == rule.best_epoch + 3
 
 
 def test_forecasts_are_float32_even_under_autocast():

@@ -3,6 +3,8 @@
 * :mod:`~diagsink.engine.config`        protocols (``paper``, ``book``, ``quick``, ``slice``) and their checks
 * :mod:`~diagsink.engine.prepare`       data on the device, batches of windows
 * :mod:`~diagsink.engine.loop`          the one training loop (:func:`~diagsink.engine.loop.fit_epoch`)
+* :mod:`~diagsink.engine.epoch`         one epoch of a T&S run: window order, batches, gradient steps
+* :mod:`~diagsink.engine.early_stopping` improved? stop? on the validation error
 * :mod:`~diagsink.engine.train`         one run: data on the device, model, epochs, test, artifact
 * :mod:`~diagsink.engine.runs`          paths, checkpoints, skip or redo, ``reproduce``
 * :mod:`~diagsink.engine.provenance`    commit, device and memory setting of a run
@@ -21,6 +23,8 @@ from . import (
     artifacts,
     config,
     distributed,
+    early_stopping,
+    epoch,
     loop,
     prepare,
     provenance,
@@ -35,6 +39,8 @@ __all__ = [
     "artifacts",
     "config",
     "distributed",
+    "early_stopping",
+    "epoch",
     "loop",
     "prepare",
     "provenance",

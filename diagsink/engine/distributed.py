@@ -29,7 +29,7 @@ against one process, and nothing else:
   a warm-up, Goyal et al., 2017, is the usual starting point; it is a heuristic.)
 * **Randomness**: the model is initialised from ``seed`` on every rank (DDP also broadcasts
   rank 0's parameters). Dropout draws come from a stream reseeded at the start of every epoch
-  from ``(seed, epoch, rank)`` (:meth:`DDPContext.begin_epoch`), so ranks draw different masks
+  from ``(seed, epoch, rank)`` (:meth:`DDPContext.seed_dropout`), so ranks draw different masks
   and a resumed run replays them exactly. With dropout, a ``W``-process run is therefore a
   different (equally valid) draw than a one-process run; without dropout it is the same
   computation up to floating-point summation order.
@@ -40,19 +40,21 @@ against one process, and nothing else:
   (:meth:`DDPContext.agree`), so no rank waits for a step the others never take.
 * Validation and test run in full on every rank (identical weights, identical numbers).
 
-The training engine (:func:`diagsink.engine.train.train_run`) asks :func:`context` for the
-current context at the start of a run; outside a process group it gets
-:class:`SingleProcess`, whose hooks do nothing. Explained in the chapter "Scaling up"
-(``book/scaling.ipynb``). NCCL paths are not exercised by the tests (CPU-only CI); they
-differ from the gloo paths only in the backend name and the device.
+The training run (:func:`diagsink.engine.train.train_model`) takes all of this as one object
+from :func:`context`: outside a process group :class:`SingleProcess`, the plain one-process
+run; inside one :class:`DDPContext`, which replaces its module, its epoch and its stopping
+decision. Explained in the chapter "Scaling up" (``book/scaling.ipynb``). NCCL paths are not
+exercised by the tests (CPU-only CI); they differ from the gloo paths only in the backend name
+and the device.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -60,6 +62,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..errors import ConfigError, DataError
 from ..metrics import masked_mae
+from .epoch import global_batches, train_epoch
+from .prepare import Prepared
 
 __all__ = [
     "in_torchrun",
@@ -185,38 +189,51 @@ def rank_loss(
 
 
 class SingleProcess:
-    """The context of an ordinary run: every hook leaves the one-process engine unchanged.
+    """One process: the plain run, and the base of :class:`DDPContext` (what ``W`` processes change).
 
-    The hooks, in the order :func:`diagsink.engine.train.train_run` calls them: ``barrier`` (before
-    looking for a checkpoint), ``wrap`` (the module to train), ``begin_epoch``, ``shard`` (this
-    rank's part of a global batch of window starts), ``loss`` (masked MAE of the global batch),
-    ``agree`` (the stopping decision of rank 0), ``describe`` (for the artifact's provenance).
+    :func:`diagsink.engine.train.train_model` gets its object from :func:`context` and uses it
+    in four places: :meth:`wrap` (the module that trains), :meth:`train_epoch` (one epoch of
+    gradient steps), :meth:`agree` (the stopping decision every rank follows) and ``is_main``
+    (only the main process writes files and shows progress); :meth:`describe` goes into the
+    artifact's provenance. One process trains the model itself on every window of every
+    global batch, with the batch's masked MAE.
     """
 
     rank = 0
     world_size = 1
     is_main = True
 
-    def barrier(self) -> None:
-        """Wait until every rank arrives (nothing to wait for in one process)."""
-        return None
-
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module that trains: ``model`` itself."""
         return model
 
-    def begin_epoch(self, seed: int, epoch: int) -> None:
-        """Called at the start of every epoch (one process: nothing to do)."""
-        return None
-
     def shard(self, starts: torch.Tensor) -> torch.Tensor:
-        """This rank's window starts of a global batch ``[B]``: all of them."""
+        """This process's window starts of a global batch ``[B]``: all of them."""
         return starts
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The masked MAE of the batch (:func:`diagsink.metrics.masked_mae`)."""
-
         return masked_mae(pred, target)
+
+    def train_epoch(
+        self,
+        net: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        prepared: Prepared,
+        cfg: dict[str, Any],
+        seed: int,
+        epoch: int,
+        on_step: Callable[[torch.Tensor], None] | None = None,
+    ) -> float:
+        """One epoch (:func:`diagsink.engine.epoch.train_epoch`) on this process's :meth:`shard`
+        of every global batch, with :meth:`loss`; returns the epoch's training loss."""
+        self.seed_dropout(seed, epoch)
+        starts = (self.shard(s) for s in global_batches(prepared, cfg, seed, epoch))
+        return train_epoch(net, optimizer, prepared, cfg, starts, loss=self.loss, on_step=on_step)
+
+    def seed_dropout(self, seed: int, epoch: int) -> None:
+        """The dropout draws of ``epoch``: one process goes on with the stream seeded by the run."""
+        return None
 
     def agree(self, finished: bool, stopped: str) -> tuple[bool, str]:
         """The stopping decision every rank follows: this process's own."""
@@ -228,16 +245,17 @@ class SingleProcess:
 
 
 class DDPContext(SingleProcess):
-    """The hooks of a DDP run (a process group must be initialised; see the module docstring)."""
+    """This rank of a data-parallel run (a process group must be initialised; see the module docstring).
+
+    Against one process it changes: the model is wrapped in DDP, each rank trains on its
+    shard of every global batch with the global batch's loss, the dropout draws are reseeded
+    per epoch and rank, the stopping decision is rank 0's, and only rank 0 writes.
+    """
 
     def __init__(self) -> None:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.is_main = self.rank == 0
-
-    def barrier(self) -> None:
-        """Wait for every rank (so rank 0's last checkpoint is complete before anyone reads it)."""
-        dist.barrier()
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DDP around ``model``; buffers (graph supports, scaler, tables) are not synchronised:
@@ -247,10 +265,6 @@ class DDPContext(SingleProcess):
         DDP._set_params_and_buffers_to_ignore_for_model(model, names)
         device = next(model.parameters()).device
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    def begin_epoch(self, seed: int, epoch: int) -> None:
-        """Reseed the global RNG from ``(seed, epoch, rank)``: different dropout draws per rank, exact replays."""
-        torch.manual_seed((seed * 1_000_003 + epoch) * 4_099 + self.rank + 17)
 
     def shard(self, starts: torch.Tensor) -> torch.Tensor:
         """This rank's contiguous shard of the global batch (:func:`shard_batch`)."""
@@ -271,6 +285,11 @@ class DDPContext(SingleProcess):
         local = err * self.world_size / count
         return local + (total / count - local).detach()
 
+    def seed_dropout(self, seed: int, epoch: int) -> None:
+        """Reseed the global RNG from ``(seed, epoch, rank)``: different dropout draws per rank,
+        exact replays after a resume."""
+        torch.manual_seed((seed * 1_000_003 + epoch) * 4_099 + self.rank + 17)
+
     def agree(self, finished: bool, stopped: str) -> tuple[bool, str]:
         """Rank 0's ``(finished, stopped)``, broadcast: per-rank clocks differ, the decision must not."""
         box = [(bool(finished), str(stopped))]
@@ -283,7 +302,13 @@ class DDPContext(SingleProcess):
 
 
 def context() -> SingleProcess:
-    """:class:`DDPContext` inside an initialised process group, else :class:`SingleProcess`."""
+    """The processes of a new run: :class:`DDPContext` inside an initialised process group, else
+    :class:`SingleProcess`.
+
+    In a process group every rank first waits for the others, so that rank 0's last checkpoint
+    is complete before any rank looks for one.
+    """
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         return DDPContext()
     return SingleProcess()

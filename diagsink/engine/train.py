@@ -13,8 +13,9 @@ What a run does, in order (``train_run``):
    speeds; gradients clipped to norm ``clip``; bf16 autocast and TF32 on CUDA only, for the
    training steps (validation and test forecasts are float32: :func:`predict`). The
    order of the training windows in epoch ``e`` comes from a generator seeded with
-   ``(seed, e)``, so an interrupted run replays exactly.
-4. **Early stopping** on the validation masked MAE (patience, ``min_delta``); the
+   ``(seed, e)``, so an interrupted run replays exactly (:mod:`diagsink.engine.epoch`).
+4. **Early stopping** on the validation masked MAE
+   (:class:`~diagsink.engine.early_stopping.EarlyStopping`: patience, ``min_delta``); the
    best-validation weights are **restored before testing**. (The paper's released code
    tests the weights of the last epoch instead.)
 5. **Checkpoint every epoch** (``torch.save`` into memory, then an atomic write), holding
@@ -24,6 +25,8 @@ What a run does, in order (``train_run``):
    averaged as the paper does (:func:`record_attention`), then the result artifact
    (:mod:`diagsink.engine.artifacts`).
 
+Under ``torchrun`` the same run trains data-parallel: :mod:`diagsink.engine.distributed` supplies
+the module that trains, the epoch on this rank's shard of every batch and the stopping decision.
 Explained in the chapter "The T&S model and its training loop" (``book/model.ipynb``).
 """
 
@@ -50,10 +53,12 @@ from ..metrics import horizon_metrics, masked_mae
 from ..model import TSModel
 from ..runtime import resolve_device
 from ..sparse import SPARSE_MIN_NODES, sparsify
+from . import distributed
 from .artifacts import SCHEMA_VERSION, artifact_json
 from .config import config_hash, load_config, validate_config
-from .distributed import context as distributed_context
-from .loop import fit_epoch
+from .distributed import SingleProcess
+from .early_stopping import EarlyStopping
+from .epoch import windows_per_epoch
 from .prepare import Prepared, batch, prepare
 from .provenance import device_name, git_commit
 from .runs import (
@@ -121,12 +126,6 @@ def lr_at(epoch: int, cfg: dict[str, Any]) -> float:
         return lr * (epoch + 1) / warm
     progress = (epoch - warm) / max(1, total - warm)
     return lo + (lr - lo) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -208,93 +207,113 @@ def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 # -- one run -------------------------------------------------------------------------------------------
-def _train_epoch(
-    net, optimizer, prepared: Prepared, cfg, seed: int, epoch: int, dist, bar
-) -> float:
-    """One epoch of gradient steps over the shuffled training windows; returns the train MAE."""
-    m, t = cfg["model"], cfg["train"]
-    order = epoch_windows(prepared, cfg, seed, epoch)
-    n_train = len(order)
-    for group in optimizer.param_groups:
-        group["lr"] = lr_at(epoch, cfg)
-    dist.begin_epoch(seed, epoch)
-    batches = (
-        batch(prepared, dist.shard(order[i : i + t["batch_size"]]), m["t_in"], m["t_out"])
-        for i in range(0, n_train, t["batch_size"])
-    )
-    device = prepared.series.device
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        with _autocast(device):
-            return net(x)
-
-    def on_step(loss: torch.Tensor) -> None:
-        bar.update(1)
-        if bar.n % 10 == 0:
-            bar.set_postfix(loss=f"{float(loss):.3f}", refresh=False)
-
-    net.train()
-    # masked MAE of the (global) batch, float32
-    return fit_epoch(
-        forward,
-        optimizer,
-        batches,
-        lambda p, y: dist.loss(p.float(), y),
-        clip=t["clip"],
-        on_step=on_step,
-    )
-
-
-def epoch_windows(prepared: Prepared, cfg: dict[str, Any], seed: int, epoch: int) -> torch.Tensor:
-    """The training window starts of (0-based) ``epoch``, in the order they are visited.
-
-    With ``train.epoch_parts = k`` pass ``p = epoch // k`` draws one permutation of the training
-    windows (seeded by ``seed`` and ``p``) and epoch ``epoch`` takes its part ``epoch % k`` (of
-    ``k`` near-equal consecutive parts): every window is used once every ``k`` epochs. With
-    ``k = 1`` (the default) each epoch is a whole pass. ``train.max_train_windows`` caps the
-    epoch's windows (the first ones of its part).
-    """
-    parts = cfg["train"].get("epoch_parts", 1)
-    cycle, part = divmod(epoch, parts)
-    g = torch.Generator().manual_seed(seed * 100_003 + cycle)
-    perm = torch.randperm(len(prepared.train), generator=g).tensor_split(parts)[part]
-    cap = cfg["train"]["max_train_windows"]
-    perm = perm if cap is None else perm[:cap]
-    return prepared.train[perm.to(prepared.train.device)]
-
-
-def _n_train(prepared: Prepared, cfg: dict[str, Any]) -> int:
-    """Windows per epoch (the largest part when ``train.epoch_parts`` does not divide evenly)."""
-    per_epoch = -(-len(prepared.train) // cfg["train"].get("epoch_parts", 1))
-    cap = cfg["train"]["max_train_windows"]
-    return per_epoch if cap is None else min(cap, per_epoch)
-
-
-def _finished(state: RunState, val_mae: float, model: TSModel, cfg, name: str) -> bool:
-    """Record the epoch's validation MAE; early stopping, time limit or the last epoch end the run."""
-    t = cfg["train"]
-    last = state.history[-1]
+def _check_finite(state: RunState, val_mae: float, cfg: dict[str, Any], name: str) -> None:
+    """Stop a diverged run with a message: the last epoch's train or validation MAE is not finite."""
+    t, last = cfg["train"], state.history[-1]
     if not (math.isfinite(last["train_mae"]) and math.isfinite(val_mae)):
         raise DiagsinkError(
             f"{cfg['protocol']}/{name}: training diverged in epoch {state.epoch} (train MAE {last['train_mae']}, "
             f"validation MAE {val_mae}). Fix: lower train.lr (now {t['lr']}) or train.clip (now {t['clip']}) "
             "in the protocol; the last finite epoch's checkpoint is kept."
         )
-    if val_mae < state.best_val - t["min_delta"]:
-        state.best_val, state.best_epoch, state.bad_epochs = val_mae, state.epoch, 0
+
+
+def _stop_reason(state: RunState, stopper: EarlyStopping, cfg: dict[str, Any]) -> str:
+    """Why the run ends after the epoch just recorded, or ``"max_epochs"`` (it goes on, if epochs are left)."""
+    limit = cfg["train"]["time_limit_s"]
+    if stopper.should_stop:
+        return "early_stopping"
+    # another epoch of average length would overrun the time budget
+    if limit is not None and state.train_time + state.train_time / len(state.history) > limit:
+        return "time_limit"
+    return "max_epochs"
+
+
+def _end_epoch(
+    state: RunState, stopper: EarlyStopping, model: TSModel, entry: dict[str, float], cfg, name: str
+) -> bool:
+    """Record the epoch ``entry`` in ``state``; keep the weights if they are the best; True when the run ends."""
+    state.history.append(entry)
+    _check_finite(state, entry["val_mae"], cfg, name)
+    if stopper.step(entry["val_mae"], state.epoch):
         state.best_state = _cpu_state(model)
-    else:
-        state.bad_epochs += 1
+    state.best_val, state.best_epoch, state.bad_epochs = (
+        stopper.best,
+        stopper.best_epoch,
+        stopper.bad_epochs,
+    )
     state.epoch += 1
-    epochs_done = len(state.history)
-    if state.bad_epochs >= t["patience"]:
-        state.stopped = "early_stopping"
-    elif (
-        t["time_limit_s"] is not None
-        and state.train_time + state.train_time / epochs_done > t["time_limit_s"]
-    ):
-        state.stopped = "time_limit"  # another epoch of average length would overrun the budget
-    return state.stopped != "max_epochs" or state.epoch >= t["epochs"]
+    state.stopped = _stop_reason(state, stopper, cfg)
+    return state.stopped != "max_epochs" or state.epoch >= cfg["train"]["epochs"]
+
+
+def _progress_bar(cfg: dict[str, Any], name: str, prepared: Prepared, state: RunState, show: bool):
+    """A tqdm bar over the run's batches (all epochs), starting at the resumed epoch."""
+    t = cfg["train"]
+    steps = math.ceil(windows_per_epoch(prepared, cfg) / t["batch_size"])
+    return tqdm(
+        total=t["epochs"] * steps,
+        initial=state.epoch * steps,
+        desc=f"{cfg['protocol']}/{name}",
+        disable=not show,
+        unit="batch",
+        ncols=80,  # fixed width: in a notebook the bar must fit the page's output box
+    )
+
+
+def _train_epochs(
+    model: TSModel,
+    optimizer: torch.optim.Optimizer,
+    prepared: Prepared,
+    cfg: dict[str, Any],
+    name: str,
+    seed: int,
+    state: RunState,
+    processes: SingleProcess,
+    *,
+    progress: bool,
+    checkpoint: Callable[[], None] | None,
+    on_epoch: Callable[[dict[str, float]], None] | None,
+) -> None:
+    """Train from ``state.epoch`` until early stopping, the time limit or the last epoch ends the run.
+
+    Each epoch: the learning rate of :func:`lr_at`, one epoch of gradient steps, the validation
+    masked MAE (float32), early stopping (:class:`~diagsink.engine.early_stopping.EarlyStopping`,
+    which says when to keep the weights as the best), then ``checkpoint()`` and ``on_epoch(entry)``.
+    """
+    t = cfg["train"]
+    stopper = EarlyStopping(
+        t["patience"], t["min_delta"], state.best_val, state.best_epoch, state.bad_epochs
+    )
+    net = processes.wrap(model)  # the module that trains; ``model`` stays the plain TSModel
+    if t.get("compile", False):  # opt-in (config key train.compile): the same function, compiled
+        net = torch.compile(net)
+    bar = _progress_bar(cfg, name, prepared, state, progress and processes.is_main)
+
+    def on_step(loss: torch.Tensor) -> None:
+        bar.update(1)
+        if bar.n % 10 == 0:
+            bar.set_postfix(loss=f"{float(loss):.3f}", refresh=False)
+
+    finished = state.stopped != "max_epochs" or state.epoch >= t["epochs"]
+    while not finished:
+        t0 = time.perf_counter()
+        lr = lr_at(state.epoch, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        train_mae = processes.train_epoch(net, optimizer, prepared, cfg, seed, state.epoch, on_step)
+        val_mae = float(masked_mae(*predict(model, prepared, prepared.val, cfg)))
+        state.train_time += time.perf_counter() - t0
+        entry = {"epoch": state.epoch, "lr": lr, "train_mae": train_mae, "val_mae": val_mae}
+        finished = _end_epoch(state, stopper, model, entry, cfg, name)
+        bar.set_postfix(loss=f"{train_mae:.3f}", val=f"{val_mae:.3f}", best=f"{state.best_val:.3f}")
+        # rank 0 decides (time limits differ per rank)
+        finished, state.stopped = processes.agree(finished, state.stopped)
+        if checkpoint is not None:
+            checkpoint()
+        if on_epoch is not None:
+            on_epoch(entry)
+    bar.close()
 
 
 def train_model(
@@ -333,7 +352,7 @@ def train_model(
         and the artifact (see :mod:`diagsink.engine.artifacts`).
     """
     cfg = load_config(cfg) if isinstance(cfg, str) else validate_config(cfg)
-    name = run_name(variant, seed)
+    name = run_name(variant, seed)  # checks both before the data are loaded
     device_t = resolve_device(device)
     if device_t.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -354,48 +373,30 @@ def train_model(
     t = cfg["train"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"])
     key = {"variant": variant, "seed": seed, "config_hash": config_hash(cfg)}
-    dist = distributed_context()  # DDP hooks under torchrun, no-ops otherwise
-    dist.barrier()  # rank 0's last checkpoint is complete before any rank looks for one
+    processes = distributed.context()  # one process, or this rank of a data-parallel run
     state = (
         write and resume_checkpoint(paths["checkpoint"], key, model, optimizer, device_t)
     ) or RunState(best_state=_cpu_state(model))
-    net = dist.wrap(model)  # the module that trains; ``model`` stays the plain TSModel
-    if t.get("compile", False):  # opt-in (config key train.compile): the same function, compiled
-        net = torch.compile(net)
-    write = write and dist.is_main  # rank 0 alone writes checkpoints and artifacts
-    steps = math.ceil(_n_train(prepared, cfg) / t["batch_size"])
-    bar = tqdm(
-        total=t["epochs"] * steps,
-        initial=state.epoch * steps,
-        desc=f"{cfg['protocol']}/{name}",
-        disable=not (progress and dist.is_main),
-        unit="batch",
-        ncols=80,  # fixed width: in a notebook the bar must fit the page's output box
+    write = write and processes.is_main  # the main process alone writes checkpoints and artifacts
+
+    def checkpoint() -> None:
+        write_checkpoint(paths["checkpoint"], key, state, model, optimizer, device_t)
+
+    _train_epochs(
+        model,
+        optimizer,
+        prepared,
+        cfg,
+        name,
+        seed,
+        state,
+        processes,
+        progress=progress,
+        checkpoint=checkpoint if write else None,
+        on_epoch=on_epoch,
     )
-    finished = state.stopped != "max_epochs" or state.epoch >= t["epochs"]
-    while not finished:
-        t0 = time.perf_counter()
-        train_mae = _train_epoch(net, optimizer, prepared, cfg, seed, state.epoch, dist, bar)
-        val_mae = float(masked_mae(*predict(model, prepared, prepared.val, cfg)))
-        state.train_time += time.perf_counter() - t0
-        entry = {
-            "epoch": state.epoch,
-            "lr": lr_at(state.epoch, cfg),
-            "train_mae": train_mae,
-            "val_mae": val_mae,
-        }
-        state.history.append(entry)
-        finished = _finished(state, val_mae, model, cfg, name)
-        bar.set_postfix(loss=f"{train_mae:.3f}", val=f"{val_mae:.3f}", best=f"{state.best_val:.3f}")
-        # rank 0 decides (time limits differ per rank)
-        finished, state.stopped = dist.agree(finished, state.stopped)
-        if write:
-            write_checkpoint(paths["checkpoint"], key, state, model, optimizer, device_t)
-        if on_epoch is not None:
-            on_epoch(entry)
-    bar.close()
     model.load_state_dict(state.best_state)  # test the best-validation weights
-    artifact = _artifact(model, prepared, cfg, variant, seed, state, commit, low_memory, dist)
+    artifact = _artifact(model, prepared, cfg, variant, seed, state, commit, low_memory, processes)
     if not write:
         artifact["state_dict"]["file"] = None  # nothing written next to it
     else:
@@ -408,7 +409,7 @@ def train_run(cfg: dict[str, Any] | str, variant: str, seed: int, **options: Any
     return train_model(cfg, variant, seed, **options)[1]
 
 
-def _artifact(model, prepared, cfg, variant, seed, state: RunState, commit, low_memory, dist):
+def _artifact(model, prepared, cfg, variant, seed, state: RunState, commit, low_memory, processes):
     """Test the (restored) model, record its attention, and assemble the artifact ``dict``."""
     pred, target = predict(model, prepared, prepared.test, cfg)
     mean_attn, per_head, how = record_attention(model, prepared, cfg, seed)
@@ -445,7 +446,7 @@ def _artifact(model, prepared, cfg, variant, seed, state: RunState, commit, low_
             "config_hash": config_hash(cfg),
             "data": prepared.info,
             "device": device_name(device_t),
-            "processes": dist.describe(),
+            "processes": processes.describe(),
             "autocast": "bf16 + TF32" if device_t.type == "cuda" else "none (float32)",
             "evaluation": "float32, no autocast, no TF32",
             "activation_checkpointing": bool(low_memory),
