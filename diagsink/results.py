@@ -18,7 +18,9 @@ subset of them. Everything here works on that subset:
   regularizer's effect differs between the two layers (a difference of differences);
 * :func:`convergence` -- a run's validation curve against the rule :data:`CONVERGENCE`;
 * :func:`split_dates` and :func:`day_forecast` -- the test windows' dates, one test day's
-  forecasts against the truth and the last value.
+  forecasts against the truth and the last value;
+* :func:`daily_errors` -- a metric of every test day, for runs (their stored ``test_by_day``)
+  and for the baselines (:func:`diagsink.data.baselines.baseline_forecasts`).
 
 Metric dictionaries are the artifacts' ``metrics`` (keys ``"MAE@3"`` ... ``"MAPE@mean"``).
 """
@@ -36,6 +38,7 @@ import torch
 
 from .data.baselines import last_value
 from .engine.artifacts import ArtifactError, load_results
+from .engine.by_day import error_sums, metrics_from_sums, window_days
 from .engine.config import load_config
 from .engine.significance import paired_difference
 from .engine.train import predict
@@ -46,6 +49,7 @@ __all__ = [
     "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
     "paired_table", "describe_paired", "paper_means", "relative_changes", "released_comparison", "convergence",
     "convergence_table", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
+    "daily_errors",
 ]  # fmt: skip
 
 #: Environment variable naming another results folder (development only; default ``results``
@@ -415,3 +419,49 @@ def day_forecast(
         if pred is not None:
             cols[(sid, "model")] = pred[:, n]
     return pd.DataFrame(cols, index=ts[steps])
+
+
+def daily_errors(
+    arts: list[dict[str, Any]],
+    data: Any,
+    splits: Any,
+    baselines: tuple[dict[str, torch.Tensor], torch.Tensor],
+    key: str = "MAE@12",
+) -> pd.DataFrame:
+    """``key`` (e.g. ``"MAE@12"``) of every test day: one row per day (a window belongs to the
+    day of its last input step), one column per variant (the mean over the runs ``arts`` of that
+    variant, from their stored ``test_by_day``) and per baseline (``baselines``: the forecasts
+    and targets of :func:`diagsink.data.baselines.baseline_forecasts` on the same windows),
+    and ``weekend`` (Saturday or Sunday)."""
+    days = window_days(data.timestamps, splits.test, splits.t_in)
+    groups: dict[str, list[int]] = {}
+    for i, day in enumerate(days):
+        groups.setdefault(day, []).append(i)
+    cols: dict[str, pd.Series] = {}
+    for variant in [v for v in VARIANTS if any(a["variant"] == v for a in arts)]:
+        per_run = []
+        for a in (a for a in arts if a["variant"] == variant):
+            if "test_by_day" not in a:
+                raise ArtifactError(
+                    f"{a['protocol']}/{variant}_seed{a['seed']} has no test_by_day; attach it "
+                    "with diagsink.engine.by_day.attach_test_by_day."
+                )
+            field = a["test_by_day"]
+            per_run.append(
+                pd.Series([metrics_from_sums([s])[key] for s in field["sums"]], index=field["days"])
+            )
+        cols[variant] = pd.concat(per_run, axis=1).mean(axis=1)
+    forecasts, target = baselines
+    spans = {
+        day: slice(idx[0], idx[-1] + 1) for day, idx in groups.items()
+    }  # windows in time order
+    for name, pred in forecasts.items():
+        values = {
+            day: metrics_from_sums([error_sums(pred[span], target[span])])[key]
+            for day, span in spans.items()
+        }
+        cols[name] = pd.Series(values)
+    out = pd.DataFrame(cols).loc[list(groups)]
+    out.index = pd.to_datetime(out.index)
+    out["weekend"] = out.index.day_of_week >= 5
+    return out

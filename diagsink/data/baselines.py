@@ -206,9 +206,11 @@ def baseline_table(
     timestamps: pd.DatetimeIndex,
     splits: Splits | None = None,
     horizons=(3, 6, 12),
+    forecasts: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> pd.DataFrame:
     """Masked metrics of the baselines on the test split, one row each (horizons and the 12-step
-    mean): :func:`baseline_forecasts` scored with :func:`diagsink.metrics.horizon_metrics`."""
-    forecasts, target = baseline_forecasts(speed, timestamps, splits)
+    mean): :func:`baseline_forecasts` (or ``forecasts``, its result computed before) scored
+    with :func:`diagsink.metrics.horizon_metrics`."""
+    forecasts, target = forecasts or baseline_forecasts(speed, timestamps, splits)
     rows = {name: horizon_metrics(pred, target, horizons) for name, pred in forecasts.items()}
     return pd.DataFrame(rows).T

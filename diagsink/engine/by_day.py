@@ -36,7 +36,7 @@ __all__ = [
     "error_sums",
     "metrics_from_sums",
     "window_days",
-    "test_by_day",
+    "by_day_field",
     "day_sums",
     "attach_test_by_day",
 ]
@@ -101,7 +101,7 @@ def day_sums(run: LoadedRun, timestamps: pd.DatetimeIndex, day: str) -> dict[str
     return error_sums(*predict(run.model, run.prepared, starts, run.cfg))
 
 
-def test_by_day(run: LoadedRun, timestamps: pd.DatetimeIndex) -> dict[str, Any]:
+def by_day_field(run: LoadedRun, timestamps: pd.DatetimeIndex) -> dict[str, Any]:
     """The field ``test_by_day``: ``days``, ``windows`` per day and ``sums`` (one
     :func:`error_sums` per day), with the columns and the commit of the code that computed it."""
     groups = _by_day(run, timestamps)
@@ -120,7 +120,7 @@ def attach_test_by_day(path: str | Path, data: Any) -> dict[str, Any]:
     """Compute ``test_by_day`` for the run ``path`` on ``data`` (its :class:`MetrLA`) and store it
     in the artifact (written atomically, the rest unchanged). Returns the field."""
     run = load_run(path, data=data)
-    field = test_by_day(run, data.timestamps)
+    field = by_day_field(run, data.timestamps)
     art = {k: v for k, v in load_artifact(path).items() if k != "checksum"}
     write_artifact(Path(path), {**art, "test_by_day": field})
     return field
