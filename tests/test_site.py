@@ -240,15 +240,29 @@ def _math_problems(page) -> list[str]:
     )
 
 
+@pytest.fixture(scope="module")
+def page_problems(browser, server):
+    """``docname -> (load problems, overflow problems)``: each page opened once for both tests."""
+    seen: dict[str, tuple[list[str], list[str]]] = {}
+
+    def problems(docname: str) -> tuple[list[str], list[str]]:
+        if docname not in seen:
+            visit = PageVisit(browser, server, docname)
+            try:
+                visit.open()
+                loading = visit.problems + _image_problems(visit.page) + _math_problems(visit.page)
+                seen[docname] = (loading, _overflow_problems(visit.page))
+            finally:
+                visit.close()
+        return seen[docname]
+
+    return problems
+
+
 @pytest.mark.parametrize("docname", PAGES)
-def test_page_loads_cleanly(browser, server, docname):
+def test_page_loads_cleanly(page_problems, docname):
     """No console error, no failed or external request, every image loaded, math rendered."""
-    visit = PageVisit(browser, server, docname)
-    try:
-        visit.open()
-        problems = visit.problems + _image_problems(visit.page) + _math_problems(visit.page)
-    finally:
-        visit.close()
+    problems = page_problems(docname)[0]
     assert not problems, f"{docname}:\n  " + "\n  ".join(problems)
 
 
@@ -389,14 +403,9 @@ def _heatmap_problems(page) -> list[str]:
 
 
 @pytest.mark.parametrize("docname", PAGES)
-def test_no_output_box_overflows(browser, server, docname):
+def test_no_output_box_overflows(page_problems, docname):
     """At 1280 px no output area scrolls sideways: printed lines and tables fit their box."""
-    visit = PageVisit(browser, server, docname)
-    try:
-        visit.open()
-        problems = _overflow_problems(visit.page)
-    finally:
-        visit.close()
+    problems = page_problems(docname)[1]
     assert not problems, f"{docname}:\n  " + "\n  ".join(problems)
 
 
