@@ -183,7 +183,7 @@ def test_chapters_import_the_package_in_one_style(path: Path):
     assert not bad, f"{path.name}: imports outside the book's style: {bad}"
 
 
-# -- the site's logo and favicon, and the quiet-plumbing rule (issue 18, items 2 and 8) -------
+# -- the site's logo and favicon, and the quiet-plumbing rule ---------------------------------
 
 
 def _tool(name: str):
@@ -313,7 +313,7 @@ def test_plumbing_cells_carry_hide_input(path: Path):
     )
 
 
-# -- the opening box of every chapter (issue 18, item 3) -----------------------------------
+# -- the opening box of every chapter ------------------------------------------------------
 
 _BOX_TITLES = ("What you will learn", "What this page shows")
 _BOX_OPEN = re.compile(r"^(`{3,}|:{3,})\{admonition\}\s+(.*\S)\s*$")
@@ -414,8 +414,8 @@ PROSE_LIMIT = 3300
 OPENING_LIMIT = 200
 #: the introduction answers the question on one page
 INTRO_LIMIT = 1200
-# the project's tracker or a commit hash in the reading text (the same rule as the hook that
-# runs before a session stops); the changelog may name both
+# no tracker words, issue numbers or commit hashes in the reading text: a reader of the book
+# knows none of them; the changelog may name both
 _TRACKER = re.compile(r"\b(the issue|issue.s|issues? \d+)\b|`[0-9a-f]{7,40}`", re.I)
 
 

@@ -75,7 +75,7 @@ def test_variant_panel_paper_order_and_scales(shared):
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("T", [12, 24])
 def test_variant_panel_is_legible_in_the_book_column(shared, T):
-    """Issue 18: every 12 x 12 map at least 220 px wide on the page, figure within the column."""
+    """Legible on the page: every 12 x 12 map at least 220 px wide, the figure within the column."""
     plotting.use_style()
     maps = {
         v: m for v, m in zip(["no_residual", "none", "mask", "dropout", "penalty"], _maps(5, T))
