@@ -444,7 +444,7 @@ def daily_errors(
             if "test_by_day" not in a:
                 raise ArtifactError(
                     f"{a['protocol']}/{variant}_seed{a['seed']} has no test_by_day; attach it "
-                    "with diagsink.engine.by_day.attach_test_by_day."
+                    "with `diagsink sensitivity --by-day <artifact>`."
                 )
             field = a["test_by_day"]
             per_run.append(

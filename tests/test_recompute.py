@@ -233,7 +233,7 @@ def day_lines(recorded: dict, again: dict) -> list[str]:
 def test_every_full_length_run_recomputes_its_metrics_by_day(path, loaded, data):
     art = _artifact(path)
     assert "test_by_day" in art, (
-        f"{_id(path)} has no test_by_day: run diagsink.engine.by_day.attach_test_by_day on it"
+        f"{_id(path)} has no test_by_day: run `diagsink sensitivity --by-day` on it"
     )
     by_day = art["test_by_day"]
     lines = metric_lines(art["metrics"], metrics_from_sums(by_day["sums"]))

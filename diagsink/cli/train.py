@@ -21,6 +21,7 @@ import argparse
 from .._io import ensure_writable_dir
 from ..data import load_metr_la
 from ..engine.artifacts import load_artifact
+from ..engine.by_day import attach_test_by_day
 from ..engine.config import PROTOCOLS, load_config, override
 from ..engine.reload import attach_sensitivity
 from ..engine.runs import reproduce, run_paths
@@ -129,7 +130,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 def _cmd_sensitivity(args: argparse.Namespace) -> int:
     for path in args.artifacts:
         cfg = load_artifact(path)["provenance"]["config"]  # the data file the run was trained on
-        field = attach_sensitivity(path, data=_data(args, cfg))
+        data = _data(args, cfg)
+        field = attach_sensitivity(path, data=data)
+        if args.by_day:
+            days = attach_test_by_day(path, data)
+            print(f"{path}: test errors of {len(days['days'])} days stored (test_by_day)")
         s = field["profile"]["S"]
         shares = [b["diagonal_share"]["attention"] for b in field["paths"]["blocks"]]
         print(
@@ -150,6 +155,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "artifacts", nargs="+", metavar="ARTIFACT", help="result .json files with weights"
     )
     s.add_argument("--data", default=None, help="METR-LA folder (default: DIAGSINK_DATA)")
+    s.add_argument(
+        "--by-day",
+        action="store_true",
+        help="also store the test errors of every test day (test_by_day), which add up to the metrics",
+    )
     s.set_defaults(func=_cmd_sensitivity)
 
     p = sub.add_parser(

@@ -236,7 +236,7 @@ def _check_by_day(field: Any, test_windows: int | None) -> None:
     if not ok:
         raise ArtifactError(
             "artifact field 'test_by_day' is malformed; recompute it with "
-            "`diagsink.engine.by_day.attach_test_by_day`."
+            "`diagsink sensitivity --by-day <artifact>`."
         )
 
 
