@@ -230,14 +230,19 @@ def _stop_reason(state: RunState, stopper: EarlyStopping, cfg: dict[str, Any]) -
 
 
 def _end_epoch(
-    state: RunState, stopper: EarlyStopping, model: TSModel, entry: dict[str, float], cfg, name: str
+    state: RunState,
+    stopper: EarlyStopping,
+    model: TSModel,
+    entry: dict[str, float],
+    cfg: dict[str, Any],
+    name: str,
 ) -> bool:
     """Record the epoch ``entry`` in ``state``; keep the weights if they are the best; True when the run ends."""
     state.history.append(entry)
     _check_finite(state, entry["val_mae"], cfg, name)
     if stopper.step(entry["val_mae"], state.epoch):
         state.best_state = _cpu_state(model)
-    state.best_val, state.best_epoch, state.bad_epochs = (
+    state.best_val, state.best_epoch, state.bad_epochs = (  # the rule's state, for the checkpoint
         stopper.best,
         stopper.best_epoch,
         stopper.bad_epochs,
@@ -247,7 +252,9 @@ def _end_epoch(
     return state.stopped != "max_epochs" or state.epoch >= cfg["train"]["epochs"]
 
 
-def _progress_bar(cfg: dict[str, Any], name: str, prepared: Prepared, state: RunState, show: bool):
+def _progress_bar(
+    cfg: dict[str, Any], name: str, prepared: Prepared, state: RunState, show: bool
+) -> tqdm:
     """A tqdm bar over the run's batches (all epochs), starting at the resumed epoch."""
     t = cfg["train"]
     steps = math.ceil(windows_per_epoch(prepared, cfg) / t["batch_size"])
