@@ -62,7 +62,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..errors import ConfigError, DataError
 from ..metrics import masked_mae
-from .epoch import global_batches, train_epoch
+from .epoch import fit_windows, global_batches
 from .prepare import Prepared
 
 __all__ = [
@@ -225,11 +225,11 @@ class SingleProcess:
         epoch: int,
         on_step: Callable[[torch.Tensor], None] | None = None,
     ) -> float:
-        """One epoch (:func:`diagsink.engine.epoch.train_epoch`) on this process's :meth:`shard`
+        """One epoch (:func:`diagsink.engine.epoch.fit_windows`) on this process's :meth:`shard`
         of every global batch, with :meth:`loss`; returns the epoch's training loss."""
         self.seed_dropout(seed, epoch)
         starts = (self.shard(s) for s in global_batches(prepared, cfg, seed, epoch))
-        return train_epoch(net, optimizer, prepared, cfg, starts, loss=self.loss, on_step=on_step)
+        return fit_windows(net, optimizer, prepared, cfg, starts, loss=self.loss, on_step=on_step)
 
     def seed_dropout(self, seed: int, epoch: int) -> None:
         """The dropout draws of ``epoch``: one process goes on with the stream seeded by the run."""

@@ -3,7 +3,7 @@
 An epoch visits the training windows in an order drawn from ``(seed, epoch)``
 (:func:`epoch_windows`), cuts it into global batches of ``train.batch_size`` window starts
 (:func:`global_batches`), gathers each batch on the device and takes one AdamW step on its
-masked MAE (:func:`train_epoch`, through the shared loop :func:`diagsink.engine.loop.fit_epoch`),
+masked MAE (:func:`fit_windows`, through the shared loop :func:`diagsink.engine.loop.fit_epoch`),
 under bf16 autocast on CUDA. Data-parallel training (:mod:`diagsink.engine.distributed`) runs
 the same epoch with a shard of every global batch and the global batch's loss. Explained in
 the chapter "The T&S model and its training loop" (``book/model.ipynb``).
@@ -21,7 +21,7 @@ from ..metrics import masked_mae
 from .loop import fit_epoch
 from .prepare import Prepared, batch
 
-__all__ = ["epoch_windows", "windows_per_epoch", "global_batches", "autocast", "train_epoch"]
+__all__ = ["epoch_windows", "windows_per_epoch", "global_batches", "autocast", "fit_windows"]
 
 
 def epoch_windows(prepared: Prepared, cfg: dict[str, Any], seed: int, epoch: int) -> torch.Tensor:
@@ -65,7 +65,7 @@ def autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
-def train_epoch(
+def fit_windows(
     net: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     prepared: Prepared,
