@@ -1,4 +1,4 @@
-"""Where the sink lives in a trained T&S model: its sensitivity to each input step, and its maps.
+"""A trained T&S model's sensitivity to each input step, its per-block paths, and its maps.
 
 Used by the heatmaps and results chapters (``book/heatmaps.ipynb``, ``book/results.ipynb``) on
 the committed runs, computed from their saved weights. Two views of the same model:
@@ -281,9 +281,11 @@ def run_sensitivity(
 # ----------------------------------------------------------------------------------------
 # reading the stored field: per-block rows and the weights-or-paths verdict
 # ----------------------------------------------------------------------------------------
-#: ``T`` x a diagonal share (1 = uniform) from which a diagonal counts as a sink: half again
-#: the uniform share, the criterion of the chapters "Heatmaps on METR-LA" (``book/heatmaps.ipynb``)
-#: and "A task where parroting fails" (``book/parroting.ipynb``) for "a brighter diagonal".
+#: ``T`` x a diagonal share (1 = uniform) from which a diagonal *stands out*: half again the
+#: uniform share, the criterion of the chapters "Heatmaps on METR-LA" (``book/heatmaps.ipynb``)
+#: and "A task where parroting fails" (``book/parroting.ipynb``) for "a brighter diagonal". Far
+#: weaker than a diagonal sink in the glossary's sense (the share tending to one, corollary
+#: ``bnd-cor-share``): a diagonal at the threshold holds only ``1.5 / T`` of the total.
 SINK_THRESHOLD: float = 1.5
 
 
@@ -328,9 +330,11 @@ def _call(passed: list[bool]) -> str:
 
 
 def sink_verdicts(artifacts: list[dict], threshold: float = SINK_THRESHOLD) -> dict[str, dict]:
-    """Per variant: does the last block's diagonal sink show in the weights, the paths, both or neither?
+    """Per variant: does the last block's diagonal stand out in the weights, the paths, both or neither?
 
-    Both criteria on the last block (whose maps the artifacts store), per seed, one threshold:
+    Both criteria on the last block (whose maps the artifacts store), per seed, one threshold
+    (:data:`SINK_THRESHOLD`: the diagonal *stands out*, far short of a diagonal sink, whose share
+    tends to one):
 
     * **weights**: ``T`` x mean ``α_ii`` of the last block's maps, per sequence
       (``sensitivity.maps.diagonal_ratio.mean``) is at least ``threshold``;
