@@ -191,7 +191,7 @@ CLAIMS: tuple[Claim, ...] = (
         "parroting-third-control",
     ),
     Claim(
-        "Where the sink is in the weights, the full mask helps most and a strong penalty helps; the paper's strengths do not.",
+        "Where attention has collapsed onto the diagonal, the full mask helps most and a strong penalty helps; the paper's strengths do not.",
         MEASURED,
         "designs",
         "designs-treatments",
