@@ -2,8 +2,8 @@
 
 The dry run trains one run through the same steps as the GPU call (reproduce, then the
 sensitivity of every finished run) on a protocol file the size of a smoke test (the quick
-protocol, narrower, one epoch of two batches), writes the provenance log, and refuses to start
-without a data folder (exit 2, one line).
+protocol with one narrow block, one epoch of two batches), writes the provenance log, and
+refuses to start without a data folder (exit 2, one line).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def _env(**extra: str) -> dict[str, str]:
 TINY = {
     "protocol": "custom-tiny",
     "model.d_model": 8,
+    "model.depth": 1,
     "model.node_embed_dim": 4,
     "train.epochs": 1,
     "train.warmup_epochs": 0,
