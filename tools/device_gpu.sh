@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine without network access, from the repository root, after
 # `tools/device_prepare.sh` has built `.whl` (the wheels) and `.devdata` (the data and the
-# commit) here and both were copied there with the tree. $OUT is the folder whose files are
-# brought back. Modes:
+# commit) here and both were copied there with the tree. OUT names the folder for the files
+# to bring back. Modes:
 #
 #   bash tools/device_gpu.sh reproduce
-#       trains the `book` protocol (5 variants x 4 seeds; tools/gpu_reproduce.sh, capped at
-#       CAP=540 s) and writes $OUT/book-results.tar.gz (the artifacts and the log). Finished
-#       runs are kept in /tmp/diagsink-results, so a second `reproduce` on the same machine
-#       finishes the rest.
+#       runs tools/gpu_reproduce.sh (full29, full29-released and the paper's model size on the
+#       29-sensor file, capped at CAP=540 s) and writes $OUT/results.tar.gz (one folder per
+#       protocol with its artifacts, and the log). Finished runs are kept in
+#       /tmp/diagsink-results, so a second `reproduce` on the same machine finishes the rest.
 #   bash tools/device_gpu.sh bench
 #       the training benchmark on the GPU, eager and under torch.compile:
 #       $OUT/training_cuda.json, $OUT/training_cuda_compile.json and their printed output
 #       $OUT/bench-*.txt, for benchmarks/results/.
 #
-# Back here: `tar -xzf book-results.tar.gz -C book/results`, check them with
-# `pytest tests/test_artifacts.py`, and commit book/results/book/. A dry run on this machine's
-# CPU: `OUT=/tmp/out WHEELS=0 PYTHON=.venv/bin/python DEVICE=cpu PROTOCOL=quick SEEDS=1 \
+# Back here: `tar -xzf results.tar.gz -C book/results`, check them with
+# `pytest tests/test_artifacts.py tests/test_recompute.py`, and commit the protocol folders.
+# A dry run on this machine's CPU (STEPS and the other settings are gpu_reproduce.sh's):
+# `OUT=/tmp/out WHEELS=0 PYTHON=.venv/bin/python DEVICE=cpu STEPS=my-tiny.yaml SEEDS=1 \
 # bash tools/device_gpu.sh reproduce`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,9 +49,8 @@ case "$mode" in
   reproduce)
     mkdir -p "$RESULTS"
     PYTHON="$PYTHON" DEVICE="$DEVICE" CAP="${CAP:-540}" bash tools/gpu_reproduce.sh "$RESULTS"
-    proto="${PROTOCOL:-book}"
-    tar -czf "$OUT/$proto-results.tar.gz" -C "$RESULTS" "$proto"
-    echo "packed: $(tar -tzf "$OUT/$proto-results.tar.gz" | grep -c '\.json$') artifacts in $OUT/$proto-results.tar.gz"
+    tar -czf "$OUT/results.tar.gz" -C "$RESULTS" .
+    echo "packed: $(tar -tzf "$OUT/results.tar.gz" | grep -c '\.json$') artifacts in $OUT/results.tar.gz"
     ;;
   bench)
     timeout 240 "$PYTHON" benchmarks/training.py --device "$DEVICE" --steps 9 \

@@ -12,7 +12,8 @@
 #   2. full29-released  (b) none, (d) dropout, (e) penalty x 4 seeds with the released graph layer;
 #   3. paper            the paper's model size and schedule on the same 29-sensor file
 #                       (--speed-file), 5 variants x PAPER_SEEDS seeds.
-# After each step every finished run gets its sensitivity field (`diagsink sensitivity`).
+# After each step every finished run gets its sensitivity and test_by_day fields
+# (`diagsink sensitivity --by-day`).
 #
 # Environment (defaults in brackets): PYTHON [python], DEVICE [cuda], SEEDS [4],
 # PAPER_SEEDS [4], VARIANTS [all five], STEPS ["full29 full29-released paper"],
@@ -62,7 +63,7 @@ step() {  # step PROTOCOL [reproduce options...]: train, then attach the sensiti
     --no-progress "$@" 2>&1 | tee -a "$LOG" || \
     { echo "reproduce $protocol stopped (status $?): rerun this script to finish it" | tee -a "$LOG"; return 0; }
   local runs=("$OUT/$(name_of "$protocol")"/*_seed*.json)
-  [ -e "${runs[0]}" ] && "$PY" -m diagsink sensitivity "${runs[@]}" 2>&1 | tee -a "$LOG"
+  [ -e "${runs[0]}" ] && "$PY" -m diagsink sensitivity --by-day "${runs[@]}" 2>&1 | tee -a "$LOG"
   return 0
 }
 

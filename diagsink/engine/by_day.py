@@ -41,9 +41,9 @@ __all__ = [
     "attach_test_by_day",
 ]
 
-#: The columns of the sums: horizons 3, 6 and 12 alone, then every predicted step pooled.
+#: Horizons 3, 6 and 12 alone, then every predicted step pooled (the columns of the sums).
 COLUMNS: tuple[str, ...] = ("3", "6", "12", "mean")
-#: The sums per column: unmasked entries, absolute, squared and relative absolute errors.
+#: Unmasked entries, absolute, squared and relative absolute errors (the sums per column).
 SUMS: tuple[str, ...] = ("n", "abs", "sq", "ape")
 
 
