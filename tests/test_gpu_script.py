@@ -54,6 +54,8 @@ def test_dry_run_on_the_cpu_trains_and_attaches_sensitivity(tmp_path):
     art = json.loads((out_dir / "custom-tiny" / "none_seed0.json").read_text())
     assert art["epochs_run"] == 1 and art["provenance"]["config"]["model"]["d_model"] == 8
     assert "sensitivity" in art and art["provenance"]["device"].startswith("cpu")
+    windows = art["provenance"]["data"]["windows"]["test"]
+    assert sum(art["test_by_day"]["windows"]) == windows  # the test errors by day, every window
     log = (out_dir / "gpu_reproduce.log").read_text()
     assert "== provenance ==" in log and f"== {protocol} ==" in log and "wall time:" in log
 
