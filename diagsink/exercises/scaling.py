@@ -32,6 +32,9 @@ def check_rank_loss(rank_loss: Callable) -> str | None:
     target[: batch // 2][torch.rand(target[: batch // 2].shape, generator=gen) < 0.5] = (
         0.0  # uneven shards
     )
+    # always uneven: the first shard keeps one observed target (equal counts, which random
+    # zeros can give, would let the shard's own mean pass for the global one)
+    target[torch.tensor_split(torch.arange(batch), world)[0]] = 0.0
     target.view(-1)[0] = 55.0
     pred = (target + torch.randn(shape, generator=gen, dtype=torch.float64)).requires_grad_()
     mask = target != 0
