@@ -38,7 +38,7 @@ import torch
 
 from .data.baselines import last_value
 from .engine.artifacts import ArtifactError, load_results
-from .engine.by_day import error_sums, metrics_from_sums, window_days
+from .engine.by_day import day_groups, error_sums, metrics_from_sums
 from .engine.config import load_config
 from .engine.significance import paired_difference
 from .engine.train import predict
@@ -433,10 +433,7 @@ def daily_errors(
     variant, from their stored ``test_by_day``) and per baseline (``baselines``: the forecasts
     and targets of :func:`diagsink.data.baselines.baseline_forecasts` on the same windows),
     and ``weekend`` (Saturday or Sunday)."""
-    days = window_days(data.timestamps, splits.test, splits.t_in)
-    groups: dict[str, list[int]] = {}
-    for i, day in enumerate(days):
-        groups.setdefault(day, []).append(i)
+    groups = day_groups(data.timestamps, splits.test, splits.t_in)
     cols: dict[str, pd.Series] = {}
     for variant in [v for v in VARIANTS if any(a["variant"] == v for a in arts)]:
         per_run = []

@@ -36,6 +36,7 @@ __all__ = [
     "error_sums",
     "metrics_from_sums",
     "window_days",
+    "day_groups",
     "by_day_field",
     "day_sums",
     "attach_test_by_day",
@@ -84,13 +85,20 @@ def window_days(timestamps: pd.DatetimeIndex, starts: torch.Tensor, t_in: int) -
     return [str(d) for d in timestamps[last].date]
 
 
+def day_groups(
+    timestamps: pd.DatetimeIndex, starts: torch.Tensor, t_in: int
+) -> dict[str, list[int]]:
+    """The positions in ``starts`` of each day's windows, the days in time order."""
+    out: dict[str, list[int]] = {}
+    for i, day in enumerate(window_days(timestamps, starts, t_in)):
+        out.setdefault(day, []).append(i)
+    return out
+
+
 def _by_day(run: LoadedRun, timestamps: pd.DatetimeIndex) -> dict[str, torch.Tensor]:
     test = run.prepared.test
-    days = window_days(timestamps, test, run.cfg["model"]["t_in"])
-    out: dict[str, list[int]] = {}
-    for i, day in enumerate(days):
-        out.setdefault(day, []).append(i)
-    return {day: test[torch.tensor(idx)] for day, idx in out.items()}
+    groups = day_groups(timestamps, test, run.cfg["model"]["t_in"])
+    return {day: test[torch.tensor(idx)] for day, idx in groups.items()}
 
 
 def day_sums(run: LoadedRun, timestamps: pd.DatetimeIndex, day: str) -> dict[str, list[float]]:
