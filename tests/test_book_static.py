@@ -409,9 +409,9 @@ def test_box_checker_finds_typed_numbers_and_missing_keys():
 # -- length, openings and the reading text (the edit to the standard of a textbook) -------------
 
 #: a chapter's prose (its markdown cells) stays under this many words: split a longer chapter
-PROSE_LIMIT = 3300
+PROSE_LIMIT = 3000
 #: a chapter's opening (its first markdown cell, the title excluded: the question and the box)
-OPENING_LIMIT = 200
+OPENING_LIMIT = 160
 #: the introduction answers the question on one page
 INTRO_LIMIT = 1200
 # no tracker words, issue numbers or commit hashes in the reading text: a reader of the book
