@@ -458,6 +458,14 @@ def test_chapter_opening_is_short(path: Path):
     )
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_chapter_closes_with_what_to_remember(path: Path):
+    """Every chapter ends its reading text with a short "What to remember" box."""
+    assert re.search(r"\{admonition\} What to remember", _markdown(path)), (
+        f"{path.name}: no 'What to remember' box: close the chapter with a few lines the reader keeps"
+    )
+
+
 @pytest.mark.parametrize(
     "path", [p for p in SOURCES if p.name != "changelog.md"], ids=lambda p: p.stem
 )
