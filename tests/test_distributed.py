@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from diagsink.cli.launch import launch_command
 from diagsink.data import toy_data
 from diagsink.engine.config import load_config, override
-from diagsink.engine.distributed import SingleProcess, env_info, rank_loss, shard_batch
+from diagsink.engine.distributed import env_info, rank_loss, shard_batch
+from diagsink.engine.epoch import SingleProcess
 from diagsink.engine.runs import run_paths
 from diagsink.engine.train import train_run
 from diagsink.errors import ConfigError
@@ -69,15 +70,16 @@ WORKER = textwrap.dedent(
     def interrupt(entry):  # like a kill after the first epoch's checkpoint
         raise Interrupt
 
-    with D.session("cpu"):
-        rank = torch.distributed.get_rank()
+    with D.session("cpu") as ddp:
+        rank = ddp.rank
         try:
-            T.train_run(cfg, "penalty", 0, data=toy_data(), device="cpu", out_dir=out, progress=False,
-                        on_epoch=interrupt)
+            D.data_parallel(T.train_run, ddp, cfg, "penalty", 0, data=toy_data(), device="cpu", out_dir=out,
+                            progress=False, on_epoch=interrupt)
             first = "finished"
         except Interrupt:
             first = "interrupted"
-        art = T.train_run(cfg, "penalty", 0, data=toy_data(), device="cpu", out_dir=out, progress=False)
+        art = D.data_parallel(T.train_run, ddp, cfg, "penalty", 0, data=toy_data(), device="cpu", out_dir=out,
+                              progress=False)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"first": first, "metrics": art["metrics"], "best_epoch": art["best_epoch"],
                    "resumed_from": art["resumed_from_epoch"], "history": art["history"], "writes": writes,

@@ -2,7 +2,11 @@
 
 The command-line side of :mod:`diagsink.engine.distributed` (explained in the chapter "Scaling
 up", ``book/scaling.ipynb``): a command given ``--distributed N`` starts ``torchrun`` with
-itself as the worker command; under ``torchrun`` each worker joins the process group.
+itself as the worker command; under ``torchrun`` each worker joins the process group
+(:func:`~diagsink.engine.distributed.session`) and runs the command with this rank's
+:class:`~diagsink.engine.distributed.DDPContext` as its ``processes`` argument
+(:func:`~diagsink.engine.distributed.data_parallel`). A command function takes
+``(args, processes=None)``; without torchrun it is called with ``args`` alone (one process).
 """
 
 from __future__ import annotations
@@ -16,9 +20,8 @@ import sys
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
-from ..engine.distributed import in_torchrun, session
+from ..engine.distributed import data_parallel, in_torchrun, session
 from ._args import whole_number
 
 __all__ = ["add_distributed", "launch_command"]
@@ -63,16 +66,17 @@ def _nproc(text: str) -> int | str:
 
 def _distributed_command(
     parser: argparse.ArgumentParser,
-    func: Callable[[argparse.Namespace], int],
+    func: Callable[..., int],
     args: argparse.Namespace,
 ) -> int:
-    if in_torchrun():  # a worker: join the group, run the command on this rank's device, leave
-        with session(args.device) as device:
-            args.device = str(device)
-            if dist.get_rank() == 0:
-                return func(args)
+    """Run ``func`` as this rank under torchrun, start torchrun for ``--distributed``, or run it plainly."""
+    if in_torchrun():  # a worker: join the group, run the command as this rank on its device, leave
+        with session(args.device) as ddp:
+            args.device = str(ddp.device)
+            if ddp.is_main:
+                return data_parallel(func, ddp, args)
             with contextlib.redirect_stdout(io.StringIO()):  # one summary line, from rank 0
-                return func(args)
+                return data_parallel(func, ddp, args)
     if args.distributed:  # start the workers
         nproc = args.distributed if args.distributed != "auto" else _default_nproc(args.device)
         return subprocess.run(launch_command(parser, args, nproc), check=False).returncode

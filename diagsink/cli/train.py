@@ -23,6 +23,7 @@ from ..data import load_metr_la
 from ..engine.artifacts import load_artifact
 from ..engine.by_day import attach_test_by_day
 from ..engine.config import PROTOCOLS, load_config, override
+from ..engine.epoch import SingleProcess
 from ..engine.reload import attach_sensitivity
 from ..engine.runs import reproduce, run_paths
 from ..engine.train import train_run
@@ -81,7 +82,8 @@ def _data(args: argparse.Namespace, cfg: dict):
     return load_metr_la(args.data, speed_file=cfg["data"].get("speed_file"))
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def _cmd_train(args: argparse.Namespace, processes: SingleProcess | None = None) -> int:
+    """Train one run (by ``processes``: None for one process) and print its summary line."""
     cfg = _config(args)
     _writable(args, cfg["protocol"], args.variant)
     art = train_run(
@@ -93,6 +95,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         out_dir=args.out,
         progress=not args.no_progress,
         low_memory=args.low_memory,
+        processes=processes,
     )
     path = run_paths(args.out, cfg["protocol"], args.variant, args.seed)["json"]
     m = art["metrics"]
@@ -103,7 +106,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_reproduce(args: argparse.Namespace) -> int:
+def _cmd_reproduce(args: argparse.Namespace, processes: SingleProcess | None = None) -> int:
+    """Train every variant x seed of the protocol (by ``processes``: None for one process)."""
     cfg = _config(args)
     seeds = args.seeds if args.seeds is not None else cfg["seeds"]
     if seeds < 1:
@@ -122,6 +126,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         data=_data(args, cfg),
         progress=not args.no_progress,
         low_memory=args.low_memory,
+        processes=processes,
     )
     print(f"{len(paths)} artifacts in {args.out}/{cfg['protocol']}")
     return 0

@@ -3,7 +3,7 @@
 * :mod:`~diagsink.engine.config`        protocols (``paper``, ``book``, ``quick``, ``slice``) and their checks
 * :mod:`~diagsink.engine.prepare`       data on the device, batches of windows
 * :mod:`~diagsink.engine.loop`          the one training loop (:func:`~diagsink.engine.loop.fit_epoch`)
-* :mod:`~diagsink.engine.epoch`         one epoch of a T&S run: window order, batches, gradient steps
+* :mod:`~diagsink.engine.epoch`         one epoch of a T&S run: window order, batches, gradient steps; the one-process run
 * :mod:`~diagsink.engine.early_stopping` improved? stop? on the validation error
 * :mod:`~diagsink.engine.train`         one run: data on the device, model, epochs, test, artifact
 * :mod:`~diagsink.engine.runs`          paths, checkpoints, skip or redo, ``reproduce``
@@ -12,7 +12,7 @@
 * :mod:`~diagsink.engine.reload`        a committed run rebuilt from its weights; its metrics recomputed
 * :mod:`~diagsink.engine.significance`  metric tables, t quantiles, paired comparisons
 * :mod:`~diagsink.engine.sweeps`        one setting trained at several values
-* :mod:`~diagsink.engine.distributed`   data-parallel training under ``torchrun``
+* :mod:`~diagsink.engine.distributed`   data-parallel training under ``torchrun``: calls a run on every rank with that rank's processes
 
 Explained in the chapters ``book/model.ipynb`` (the loop) and ``book/results.ipynb`` (the runs).
 """

@@ -5,6 +5,11 @@ Run one of::
     torchrun --standalone --nproc_per_node=4 -m diagsink train --variant penalty --protocol book --device cuda
     diagsink train --variant penalty --protocol book --device cuda --distributed 4   # starts torchrun for you
 
+or, in a script that torchrun starts on every rank::
+
+    with distributed.session("cuda") as ddp:
+        artifact = distributed.data_parallel(train_run, ddp, cfg, "penalty", 0, out_dir="results")
+
 Every process (a *rank*) holds the whole series on its own device and a full copy of the
 model wrapped in :class:`torch.nn.parallel.DistributedDataParallel` (DDP). What changes
 against one process, and nothing else:
@@ -40,10 +45,13 @@ against one process, and nothing else:
   (:meth:`DDPContext.agree`), so no rank waits for a step the others never take.
 * Validation and test run in full on every rank (identical weights, identical numbers).
 
-The training run (:func:`diagsink.engine.train.train_model`) takes all of this as one object
-from :func:`context`: outside a process group :class:`SingleProcess`, the plain one-process
-run; inside one :class:`DDPContext`, which replaces its module, its epoch and its stopping
-decision. Explained in the chapter "Scaling up" (``book/scaling.ipynb``). NCCL paths are not
+This module wraps the run; the run does not look for it. The training run
+(:func:`diagsink.engine.train.train_model`, also :func:`~diagsink.engine.train.train_run` and
+:func:`diagsink.engine.runs.reproduce`) takes its processes as an argument, ``processes``: by
+default one process (:class:`~diagsink.engine.epoch.SingleProcess`). :func:`session` joins the
+process group and gives this rank's :class:`DDPContext`, which replaces the run's module, its
+epoch and its stopping decision; :func:`data_parallel` calls the run with it once every rank is
+ready. Explained in the chapter "Scaling up" (``book/scaling.ipynb``). NCCL paths are not
 exercised by the tests (CPU-only CI); they differ from the gloo paths only in the backend name
 and the device.
 """
@@ -54,16 +62,14 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..errors import ConfigError, DataError
-from ..metrics import masked_mae
-from .epoch import fit_windows, global_batches
-from .prepare import Prepared
+from .epoch import SingleProcess
 
 __all__ = [
     "in_torchrun",
@@ -72,14 +78,15 @@ __all__ = [
     "setup",
     "teardown",
     "session",
+    "data_parallel",
     "shard_batch",
-    "context",
-    "SingleProcess",
     "DDPContext",
     "rank_loss",
 ]
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+T = TypeVar("T")
 
 
 def in_torchrun() -> bool:
@@ -153,13 +160,27 @@ def teardown() -> None:
 
 
 @contextlib.contextmanager
-def session(device: str | None = None) -> Iterator[torch.device]:
-    """``with session("cpu") as dev:``: :func:`setup` on entry, :func:`teardown` on exit."""
+def session(device: str | None = None) -> Iterator[DDPContext]:
+    """``with session("cpu") as ddp:``: join the process group (:func:`setup`), give this rank's
+    :class:`DDPContext`, and leave the group (:func:`teardown`) on exit."""
     dev = setup(device)
     try:
-        yield dev
+        yield DDPContext(dev)
     finally:
         teardown()
+
+
+def data_parallel(run: Callable[..., T], ddp: DDPContext, *args: Any, **options: Any) -> T:
+    """``run(*args, processes=ddp, **options)`` on this rank, once every rank has reached this call.
+
+    ``run`` is a training entry point that takes ``processes``:
+    :func:`diagsink.engine.train.train_run`, :func:`~diagsink.engine.train.train_model` or
+    :func:`diagsink.engine.runs.reproduce`. The ranks first wait for each other (a barrier), so
+    that rank 0's last checkpoint is complete before any rank looks for one (a run interrupted
+    and started again in the same :func:`session` resumes from it on every rank).
+    """
+    dist.barrier()
+    return run(*args, processes=ddp, **options)
 
 
 def shard_batch(starts: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
@@ -188,62 +209,6 @@ def rank_loss(
     return err * world_size / count
 
 
-class SingleProcess:
-    """One process: the plain run, and the base of :class:`DDPContext` (what ``W`` processes change).
-
-    :func:`diagsink.engine.train.train_model` gets its object from :func:`context` and uses it
-    in four places: :meth:`wrap` (the module that trains), :meth:`train_epoch` (one epoch of
-    gradient steps), :meth:`agree` (the stopping decision every rank follows) and ``is_main``
-    (only the main process writes files and shows progress); :meth:`describe` goes into the
-    artifact's provenance. One process trains the model itself on every window of every
-    global batch, with the batch's masked MAE.
-    """
-
-    rank = 0
-    world_size = 1
-    is_main = True
-
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module that trains: ``model`` itself."""
-        return model
-
-    def shard(self, starts: torch.Tensor) -> torch.Tensor:
-        """This process's window starts of a global batch ``[B]``: all of them."""
-        return starts
-
-    def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The masked MAE of the batch (:func:`diagsink.metrics.masked_mae`)."""
-        return masked_mae(pred, target)
-
-    def train_epoch(
-        self,
-        net: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        prepared: Prepared,
-        cfg: dict[str, Any],
-        seed: int,
-        epoch: int,
-        on_step: Callable[[torch.Tensor], None] | None = None,
-    ) -> float:
-        """One epoch (:func:`diagsink.engine.epoch.fit_windows`) on this process's :meth:`shard`
-        of every global batch, with :meth:`loss`; returns the epoch's training loss."""
-        self.seed_dropout(seed, epoch)
-        starts = (self.shard(s) for s in global_batches(prepared, cfg, seed, epoch))
-        return fit_windows(net, optimizer, prepared, cfg, starts, loss=self.loss, on_step=on_step)
-
-    def seed_dropout(self, seed: int, epoch: int) -> None:
-        """The dropout draws of ``epoch``: one process goes on with the stream seeded by the run."""
-        return None
-
-    def agree(self, finished: bool, stopped: str) -> tuple[bool, str]:
-        """The stopping decision every rank follows: this process's own."""
-        return finished, stopped
-
-    def describe(self) -> str:
-        """``"one process"``."""
-        return "one process"
-
-
 class DDPContext(SingleProcess):
     """This rank of a data-parallel run (a process group must be initialised; see the module docstring).
 
@@ -252,7 +217,8 @@ class DDPContext(SingleProcess):
     per epoch and rank, the stopping decision is rank 0's, and only rank 0 writes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device  # this rank's device, from setup()
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.is_main = self.rank == 0
@@ -299,16 +265,3 @@ class DDPContext(SingleProcess):
     def describe(self) -> str:
         """``"DistributedDataParallel, <W> processes (<backend>)"``."""
         return f"DistributedDataParallel, {self.world_size} processes ({dist.get_backend()})"
-
-
-def context() -> SingleProcess:
-    """The processes of a new run: :class:`DDPContext` inside an initialised process group, else
-    :class:`SingleProcess`.
-
-    In a process group every rank first waits for the others, so that rank 0's last checkpoint
-    is complete before any rank looks for one.
-    """
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        return DDPContext()
-    return SingleProcess()

@@ -27,6 +27,7 @@ from ..runtime import resolve_device
 from ..variants import VARIANTS, check_variant
 from .artifacts import ArtifactError, load_artifact
 from .config import config_hash, load_config
+from .epoch import SingleProcess
 
 __all__ = [
     "run_name",
@@ -219,8 +220,12 @@ def reproduce(
     data: Any = None,
     progress: bool = True,
     low_memory: bool = False,
+    processes: SingleProcess | None = None,
 ) -> list[Path]:
-    """Train every variant x seed ``0..seeds-1``; skip runs whose valid artifact exists. Returns the JSON paths."""
+    """Train every variant x seed ``0..seeds-1``; skip runs whose valid artifact exists. Returns the JSON paths.
+
+    ``processes`` goes to every run (:func:`diagsink.engine.train.train_run`): None for one process.
+    """
     # reason: train imports this module (run_paths, save_checkpoint); reproduce is its caller
     from .train import prepare, train_run
 
@@ -264,6 +269,7 @@ def reproduce(
                 out_dir=out_dir,
                 progress=progress,
                 low_memory=low_memory,
+                processes=processes,
             )
             done.append(paths["json"])
     return done

@@ -25,7 +25,9 @@ What a run does, in order (``train_run``):
    averaged as the paper does (:func:`record_attention`), then the result artifact
    (:mod:`diagsink.engine.artifacts`).
 
-Under ``torchrun`` the same run trains data-parallel: :mod:`diagsink.engine.distributed` supplies
+The run trains with the processes it is given (argument ``processes``): by default one process,
+:class:`~diagsink.engine.epoch.SingleProcess`. Under ``torchrun``, :mod:`diagsink.engine.distributed`
+calls the same run with this rank's :class:`~diagsink.engine.distributed.DDPContext`, which supplies
 the module that trains, the epoch on this rank's shard of every batch and the stopping decision.
 Explained in the chapter "The T&S model and its training loop" (``book/model.ipynb``).
 """
@@ -53,12 +55,10 @@ from ..metrics import horizon_metrics, masked_mae
 from ..model import TSModel
 from ..runtime import resolve_device
 from ..sparse import SPARSE_MIN_NODES, sparsify
-from . import distributed
 from .artifacts import SCHEMA_VERSION, artifact_json
 from .config import config_hash, load_config, validate_config
-from .distributed import SingleProcess
 from .early_stopping import EarlyStopping
-from .epoch import windows_per_epoch
+from .epoch import SingleProcess, windows_per_epoch
 from .prepare import Prepared, batch, prepare
 from .provenance import device_name, git_commit
 from .runs import (
@@ -336,6 +336,7 @@ def train_model(
     write: bool = True,
     low_memory: bool = False,
     on_epoch: Callable[[dict[str, float]], None] | None = None,
+    processes: SingleProcess | None = None,
 ) -> tuple[TSModel, dict[str, Any]]:
     """Train, test and (when ``write``) save one run; return the trained model and its artifact.
 
@@ -353,6 +354,10 @@ def train_model(
             roughly a fifth more compute).
         on_epoch: called with each epoch's history entry after its checkpoint is written
             (logging, live plots; an exception raised there interrupts the run like a kill).
+        processes: the processes that train the run: None for one process
+            (:class:`~diagsink.engine.epoch.SingleProcess`), or this rank of a data-parallel run
+            (:class:`~diagsink.engine.distributed.DDPContext`, given by
+            :func:`diagsink.engine.distributed.data_parallel`).
 
     Returns:
         ``(model, artifact)``: the trained :class:`TSModel` with the best-validation weights,
@@ -380,7 +385,7 @@ def train_model(
     t = cfg["train"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"])
     key = {"variant": variant, "seed": seed, "config_hash": config_hash(cfg)}
-    processes = distributed.context()  # one process, or this rank of a data-parallel run
+    processes = SingleProcess() if processes is None else processes
     state = (
         write and resume_checkpoint(paths["checkpoint"], key, model, optimizer, device_t)
     ) or RunState(best_state=_cpu_state(model))
@@ -411,9 +416,19 @@ def train_model(
     return model, artifact
 
 
-def train_run(cfg: dict[str, Any] | str, variant: str, seed: int, **options: Any) -> dict[str, Any]:
-    """:func:`train_model` without the model: train, test, save one run; return its artifact."""
-    return train_model(cfg, variant, seed, **options)[1]
+def train_run(
+    cfg: dict[str, Any] | str,
+    variant: str,
+    seed: int,
+    *,
+    processes: SingleProcess | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """:func:`train_model` without the model: train, test, save one run; return its artifact.
+
+    ``processes`` (None: one process) and the ``options`` are those of :func:`train_model`.
+    """
+    return train_model(cfg, variant, seed, processes=processes, **options)[1]
 
 
 def _artifact(model, prepared, cfg, variant, seed, state: RunState, commit, low_memory, processes):
