@@ -1,7 +1,7 @@
 """``--distributed N``: run a training command on N processes through ``torchrun``.
 
-The command-line side of :mod:`diagsink.engine.distributed` (explained in the chapter "Scaling
-up", ``book/scaling.ipynb``): a command given ``--distributed N`` starts ``torchrun`` with
+The command-line side of :mod:`diagsink.engine.distributed` (explained in the appendix "Running
+it bigger", ``book/scaling.ipynb``): a command given ``--distributed N`` starts ``torchrun`` with
 itself as the worker command; under ``torchrun`` each worker joins the process group
 (:func:`~diagsink.engine.distributed.session`) and runs the command with this rank's
 :class:`~diagsink.engine.distributed.DDPContext` as its ``processes`` argument

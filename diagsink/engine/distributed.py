@@ -51,7 +51,7 @@ This module wraps the run; the run does not look for it. The training run
 default one process (:class:`~diagsink.engine.epoch.SingleProcess`). :func:`session` joins the
 process group and gives this rank's :class:`DDPContext`, which replaces the run's module, its
 epoch and its stopping decision; :func:`data_parallel` calls the run with it once every rank is
-ready. Explained in the chapter "Scaling up" (``book/scaling.ipynb``). NCCL paths are not
+ready. Explained in the appendix "Running it bigger" (``book/scaling.ipynb``). NCCL paths are not
 exercised by the tests (CPU-only CI); they differ from the gloo paths only in the backend name
 and the device.
 """

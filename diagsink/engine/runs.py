@@ -232,6 +232,7 @@ def reproduce(
     if isinstance(cfg, str):
         cfg = load_config(cfg)
     device_t = resolve_device(device)
+    main = processes is None or processes.is_main  # only the main process moves or tidies files
     prepared = None
     done: list[Path] = []
     for seed in range(seeds):
@@ -241,10 +242,11 @@ def reproduce(
             if status == "finished":
                 if progress:
                     print(f"skip {paths['json']} (finished)")
-                tidy_finished_run(paths)
+                if main:
+                    tidy_finished_run(paths)
                 done.append(paths["json"])
                 continue
-            if status == "other":
+            if status == "other" and main:
                 kept = _supersede(paths, detail)
                 print(
                     f"redo {paths['json']}: it was made with another configuration of {cfg['protocol']!r} "
