@@ -19,7 +19,7 @@ from diagsink.engine.artifacts import (
 )
 from diagsink.engine.by_day import attach_test_by_day, metrics_from_sums
 from diagsink.engine.config import load_config, override
-from diagsink.engine.provenance import COPIED_TREE_SUFFIX
+from diagsink.engine.provenance import COPIED_TREE_SUFFIX, page_note
 from diagsink.engine.train import train_run
 
 from conftest import ROOT
@@ -200,3 +200,27 @@ def test_test_by_day_adds_up_to_the_metrics_and_a_malformed_one_is_refused(artif
     bad["test_by_day"] = {**field, "windows": [w + 1 for w in field["windows"]]}
     with pytest.raises(ArtifactError, match="test_by_day"):
         write_artifact(path.parent / "bad.json", bad)
+
+
+def test_page_note_names_data_code_device_and_the_runs_read():
+    """The collapsed provenance cell of every chapter: data, executed code, device, and for each
+    protocol read its runs, seeds, devices and commits (short hashes, a +dirty mark kept)."""
+    arts = load_results(ROOT / "book" / "results" / "slice")
+    text = page_note("no data: random layers", arts)
+    lines = text.splitlines()
+    assert lines[0] == "Data: no data: random layers"
+    assert (
+        lines[1].startswith("Executed: ")
+        and " mode; diagsink " in lines[1]
+        and "torch " in lines[1]
+    )
+    assert lines[2].startswith("Device: ")
+    seeds = sorted({a["seed"] for a in arts})
+    commits = sorted({a["provenance"]["git_commit"][:7] for a in arts})
+    assert f"Committed runs read: slice, {len(arts)} run(s), seed(s) {seeds}" in text
+    assert all(c in text for c in commits) and "Reproducing this book" in lines[-1]
+    dirty = [
+        {**arts[0], "provenance": {**arts[0]["provenance"], "git_commit": "0123456789abcdef+dirty"}}
+    ]
+    assert "at commit(s) 0123456+dirty" in page_note("d", dirty)
+    assert len(page_note("d").splitlines()) == 3  # no runs: no run lines

@@ -466,6 +466,17 @@ def test_chapter_closes_with_what_to_remember(path: Path):
     )
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_chapter_states_its_provenance_in_a_collapsed_cell(path: Path):
+    """Which data, code, device and runs produced the page: one collapsed (``hide-cell``) code
+    cell that prints :func:`diagsink.engine.provenance.page_note`, out of the reading path."""
+    notes = [c for c in _cells(path) if c["cell_type"] == "code" and "print(page_note(" in _src(c)]
+    assert len(notes) == 1, f"{path.name}: {len(notes)} page_note cells, want one"
+    assert "hide-cell" in notes[0]["metadata"].get("tags", []), (
+        f"{path.name}: the page_note cell must be tagged hide-cell (collapsed)"
+    )
+
+
 @pytest.mark.parametrize(
     "path", [p for p in SOURCES if p.name != "changelog.md"], ids=lambda p: p.stem
 )
