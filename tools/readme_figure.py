@@ -32,7 +32,7 @@ PROTOCOL = "full29"
 
 def one_row(maps: dict[str, torch.Tensor], how: str) -> plt.Figure:
     """The maps ``variant -> [T, T]`` in one row at the column's width (the first page's figure,
-    short enough to leave the findings in view), one colour scale, every second step ticked."""
+    short enough to leave the findings in view), one colour scale, every fourth step ticked."""
     names = [n for n in FIGURE_ORDER if n in maps]
     vmax = max(float(maps[n].max()) for n in names)
     fig, axs = plt.subplots(
