@@ -230,8 +230,9 @@ def describe_paired(
         f"{labels.get(v, v)} {k} {r['mean diff']:+.3f} ({'worse' if r['mean diff'] > 0 else 'better'})"
         for (v, k), r in hits.iterrows()
     )
+    verb = "exceeds" if len(hits) == 1 else "exceed"
     return (
-        f"Over {n_seeds} seeds, {len(hits)} of the {len(paired)} differences exceed the seed noise"
+        f"Over {n_seeds} seeds, {len(hits)} of the {len(paired)} differences {verb} the seed noise"
         + (f": {which}." if len(hits) else ".")
     )
 

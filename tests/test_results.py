@@ -100,7 +100,7 @@ def test_paired_table_is_paired_by_seed():
     text = dr.describe_paired(p, 4, {"mask": "(c)"})
     assert (
         text
-        == "Over 4 seeds, 1 of the 4 differences exceed the seed noise: (c) MAE@3 +0.200 (worse)."
+        == "Over 4 seeds, 1 of the 4 differences exceeds the seed noise: (c) MAE@3 +0.200 (worse)."
     )
     assert "needs 2" in dr.describe_paired(dr.paired_table(arts, VARIANTS, [0], ["MAE@3"]), 1)
 
