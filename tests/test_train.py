@@ -23,6 +23,8 @@ from diagsink.engine.train import lr_at, predict, train_model, train_run
 from diagsink.errors import ConfigError
 from diagsink.metrics import masked_mae
 
+from conftest import ROOT
+
 TINY = {
     "model.d_model": 8,
     "model.n_heads": 2,
@@ -55,6 +57,24 @@ def test_packaged_protocols_load_and_differ():
         t = cfgs[full]["train"]
         assert t["patience"] >= t["epochs"] and t["min_lr"] < t["lr"] / 50
         assert cfgs[full]["data"]["speed_file"] == "metr-la_29sensors_allsteps.h5"
+
+
+def test_the_twice_as_long_checks_differ_from_their_protocol_only_in_length():
+    """``custom-full29-x2`` and ``custom-full29-released-x2``: twice the epochs (and patience)."""
+    for base in ("full29", "full29-released"):
+        long = load_config(ROOT / "diagsink" / "configs" / f"custom-{base}-x2.yaml")
+        short = load_config(base)
+        assert long["train"]["epochs"] == long["train"]["patience"] == 2 * short["train"]["epochs"]
+        same = override(
+            long,
+            {
+                "train.epochs": short["train"]["epochs"],
+                "train.patience": short["train"]["patience"],
+            },
+        )
+        assert {k: v for k, v in same.items() if k not in ("protocol", "description")} == {
+            k: v for k, v in short.items() if k not in ("protocol", "description")
+        }
 
 
 def test_epoch_parts_use_every_window_once_per_pass():
