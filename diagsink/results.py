@@ -17,6 +17,8 @@ subset of them. Everything here works on that subset:
 * :func:`released_comparison` -- released minus diffusion graph layer, and whether a
   regularizer's effect differs between the two layers (a difference of differences);
 * :func:`convergence` -- a run's validation curve against the rule :data:`CONVERGENCE`;
+  :func:`longer_schedule` -- a run that misses it against its twin trained twice as long
+  (:data:`LONGER`);
 * :func:`split_dates` and :func:`day_forecast` -- the test windows' dates, one test day's
   forecasts against the truth and the last value;
 * :func:`daily_errors` -- a metric of every test day, for runs (their stored ``test_by_day``)
@@ -48,7 +50,7 @@ __all__ = [
     "RESULTS_ENV", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
     "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
     "paired_table", "describe_paired", "paper_means", "relative_changes", "released_comparison", "convergence",
-    "convergence_table", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
+    "convergence_table", "LONGER", "longer_schedule", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
     "daily_errors",
 ]  # fmt: skip
 
@@ -65,6 +67,12 @@ PLANNED: dict[str, tuple[str, ...]] = {
 #: The convergence rule, met when the last ``window`` epochs' validation MAE lie within ``tol``
 #: (relative) of the best validation MAE of the run.
 CONVERGENCE: dict[str, float] = {"window": 4, "tol": 0.01}
+
+#: The protocol with twice the epochs (else equal) that checks a run of each full-length protocol.
+LONGER: dict[str, str] = {
+    "full29": "custom-full29-x2",
+    "full29-released": "custom-full29-released-x2",
+}
 
 #: The paper's results table (METR-LA, mean +- sd), quoted from Hankemeier & Schilling (2026):
 #: MAE, RMSE, MAPE at horizons 3, 6, 12 (15, 30, 60 minutes).
@@ -326,6 +334,46 @@ def convergence_table(arts: list[dict[str, Any]]) -> pd.DataFrame:
     """:func:`convergence` of every run: rows ``(protocol, variant, seed)``."""
     rows = {(a["protocol"], a["variant"], a["seed"]): convergence(a["history"]) for a in arts}
     out = pd.DataFrame.from_dict(rows, orient="index")
+    if len(out):
+        out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
+    return out
+
+
+def longer_schedule(
+    short: list[dict[str, Any]], long: list[dict[str, Any]], key: str = "MAE@12"
+) -> pd.DataFrame:
+    """Each run of ``long`` (a :data:`LONGER` protocol) against its twin in ``short``.
+
+    The twin has the same variant and seed in the protocol that :data:`LONGER` maps to the long
+    one. Rows ``(protocol, variant, seed)`` of the short run; columns ``short`` and ``long``
+    (``key`` of the two runs), ``change`` (long minus short), ``seed sd`` (sample sd of ``key``
+    over every run of that variant in ``short``), and ``converged`` / ``long converged``
+    (:func:`convergence` of each curve). A long run without a twin raises :class:`ArtifactError`.
+    """
+    of = {v: k for k, v in LONGER.items()}
+    twins = {(a["protocol"], a["variant"], a["seed"]): a for a in short}
+    rows = {}
+    for a in long:
+        name = (of.get(a["protocol"], ""), a["variant"], a["seed"])
+        if name not in twins:
+            raise ArtifactError(
+                f"{a['protocol']}/{a['variant']}_seed{a['seed']} has no twin {'/'.join(map(str, name))} "
+                "among the runs given; pass the protocol it lengthens."
+            )
+        same = [
+            float(b["metrics"][key])
+            for b in short
+            if b["protocol"] == name[0] and b["variant"] == name[1]
+        ]
+        s, x = float(twins[name]["metrics"][key]), float(a["metrics"][key])
+        rows[name] = {
+            "short": s, "long": x, "change": x - s,
+            "seed sd": float(np.std(same, ddof=1)) if len(same) > 1 else float("nan"),
+            "converged": convergence(twins[name]["history"])["converged"],
+            "long converged": convergence(a["history"])["converged"],
+        }  # fmt: skip
+    columns = ["short", "long", "change", "seed sd", "converged", "long converged"]
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
     if len(out):
         out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
     return out

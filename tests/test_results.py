@@ -169,6 +169,27 @@ def test_convergence_rule():
     )
 
 
+def test_longer_schedule_pairs_each_long_run_with_its_twin():
+    falling = [3.0, 2.8, 2.6, 2.5, 2.45]  # misses the rule
+    short = [
+        _art("none", 0, 3.0, val=falling),
+        _art("none", 1, 3.2),
+        _art("none", 2, 3.1),
+        _art("none", 1, 9.0, protocol="full29-released"),  # same variant and seed, other layer
+    ]
+    long = [
+        _art("none", 0, 2.9, protocol="custom-full29-x2", val=[3.0, 2.5, 2.41, 2.40, 2.405, 2.41])
+    ]
+    t = dr.longer_schedule(short, long)
+    row = t.loc[("full29", "none", 0)]
+    assert (row["short"], row["long"]) == (6.0, 5.8) and row["change"] == pytest.approx(-0.2)
+    assert row["seed sd"] == pytest.approx(np.std([6.0, 6.4, 6.2], ddof=1))
+    assert not row["converged"] and row["long converged"]
+    assert len(t) == 1 and dr.longer_schedule(short, []).empty
+    with pytest.raises(ArtifactError, match="no twin"):
+        dr.longer_schedule(short[1:], long)
+
+
 def _fake_data(n_days: int = 14, n_nodes: int = 3) -> SimpleNamespace:
     """A MetrLA-like object: 5-minute steps from a Thursday, speeds 60 + node - a daily dip."""
     ts = pd.date_range("2012-05-31 00:00", periods=288 * n_days, freq="5min")  # a Thursday
