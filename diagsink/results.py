@@ -50,7 +50,7 @@ __all__ = [
     "RESULTS_ENV", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
     "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
     "paired_table", "describe_paired", "paper_means", "relative_changes", "released_comparison", "convergence",
-    "convergence_table", "LONGER", "longer_schedule", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
+    "convergence_table", "LONGER", "longer_schedule", "describe_longer", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
     "daily_errors",
 ]  # fmt: skip
 
@@ -377,6 +377,28 @@ def longer_schedule(
     if len(out):
         out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
     return out
+
+
+def describe_longer(missing: list[tuple[str, str, int]], longer: pd.DataFrame) -> str:
+    """One sentence per run of ``missing`` (``(protocol, variant, seed)``, the runs that miss the
+    rule) on its twin in ``longer`` (:func:`longer_schedule`): MAE@12 of both, whether the change
+    is below the variant's seed sd, whether the twin meets the rule; or that no twin is committed.
+    """
+    words = []
+    for name in missing:
+        run = f"{name[0]}/{name[1]} seed {name[2]}"
+        if name not in longer.index:
+            words.append(f"{run}: its run with twice the epochs is not committed")
+            continue
+        r = longer.loc[name]
+        below = "less" if abs(r["change"]) < r["seed sd"] else "more"
+        meets = "meets" if r["long converged"] else "misses"
+        words.append(
+            f"{run}: MAE@12 {r['short']:.3f}, and {r['long']:.3f} mph with twice the epochs "
+            f"({r['change']:+.3f}: {below} than the variant's seed-to-seed sd of {r['seed sd']:.3f}); "
+            f"the longer run {meets} the rule"
+        )
+    return "; ".join(words) + "." if words else "No run misses the rule, so none needs the check."
 
 
 def thousands(n: int) -> str:

@@ -188,6 +188,13 @@ def test_longer_schedule_pairs_each_long_run_with_its_twin():
     assert len(t) == 1 and dr.longer_schedule(short, []).empty
     with pytest.raises(ArtifactError, match="no twin"):
         dr.longer_schedule(short[1:], long)
+    text = dr.describe_longer([("full29", "none", 0), ("full29", "mask", 1)], t)
+    assert text == (
+        "full29/none seed 0: MAE@12 6.000, and 5.800 mph with twice the epochs (-0.200: more than "
+        "the variant's seed-to-seed sd of 0.200); the longer run meets the rule; "
+        "full29/mask seed 1: its run with twice the epochs is not committed."
+    )
+    assert dr.describe_longer([], t).startswith("No run misses the rule")
 
 
 def _fake_data(n_days: int = 14, n_nodes: int = 3) -> SimpleNamespace:
