@@ -18,7 +18,7 @@ subset of them. Everything here works on that subset:
   regularizer's effect differs between the two layers (a difference of differences);
 * :func:`convergence` -- a run's validation curve against the rule :data:`CONVERGENCE`;
   :func:`longer_schedule` -- a run that misses it against its twin trained twice as long
-  (:data:`LONGER`);
+  (:data:`LONGER`), in words by :func:`describe_longer`;
 * :func:`split_dates` and :func:`day_forecast` -- the test windows' dates, one test day's
   forecasts against the truth and the last value;
 * :func:`daily_errors` -- a metric of every test day, for runs (their stored ``test_by_day``)
@@ -380,7 +380,7 @@ def longer_schedule(
 
 
 def describe_longer(missing: list[tuple[str, str, int]], longer: pd.DataFrame) -> str:
-    """One sentence per run of ``missing`` (``(protocol, variant, seed)``, the runs that miss the
+    """One clause per run of ``missing`` (``(protocol, variant, seed)``, the runs that miss the
     rule) on its twin in ``longer`` (:func:`longer_schedule`): MAE@12 of both, whether the change
     is below the variant's seed sd, whether the twin meets the rule; or that no twin is committed.
     """
