@@ -17,6 +17,7 @@ subset of them. Everything here works on that subset:
 * :func:`released_comparison` -- released minus diffusion graph layer, and whether a
   regularizer's effect differs between the two layers (a difference of differences);
 * :func:`convergence` -- a run's validation curve against the rule :data:`CONVERGENCE`;
+  :func:`shared_late_changes` -- how far the last epochs' fluctuations are common to one seed;
   :func:`longer_schedule` -- a run that misses it against its twin trained twice as long
   (:data:`LONGER`), in words by :func:`describe_longer`;
 * :func:`split_dates` and :func:`day_forecast` -- the test windows' dates, one test day's
@@ -50,7 +51,7 @@ __all__ = [
     "RESULTS_ENV", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
     "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
     "paired_table", "describe_paired", "paper_means", "relative_changes", "released_comparison", "convergence",
-    "convergence_table", "LONGER", "longer_schedule", "describe_longer", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
+    "convergence_table", "shared_late_changes", "LONGER", "longer_schedule", "describe_longer", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
     "daily_errors",
 ]  # fmt: skip
 
@@ -337,6 +338,41 @@ def convergence_table(arts: list[dict[str, Any]]) -> pd.DataFrame:
     if len(out):
         out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
     return out
+
+
+def shared_late_changes(arts: list[dict[str, Any]], window: int | None = None) -> dict[str, Any]:
+    """How much the last epochs' validation changes are shared by the runs of one seed.
+
+    For each run, the epoch-to-epoch changes of its validation MAE into its last ``window``
+    epochs (the epochs :func:`convergence` judges); for every pair of runs, the Pearson
+    correlation of those changes. Returns ``same seed`` and ``different seeds`` (mean
+    correlation over the pairs of different variants with the same seed, and over the pairs with
+    different seeds) and ``n same`` / ``n different`` (numbers of pairs). Runs of one seed see
+    the training windows in the same order, so a high ``same seed`` against a ``different
+    seeds`` near 0 says the late fluctuations come from that order, not from the variant.
+    """
+    window = int(CONVERGENCE["window"] if window is None else window)
+    changes = {}
+    for a in arts:
+        val = np.array([float(h["val_mae"]) for h in a["history"]])
+        if len(val) < window + 1:
+            raise ArtifactError(
+                f"{a['protocol']}/{a['variant']}_seed{a['seed']} has {len(val)} epochs; "
+                f"shared_late_changes needs at least {window + 1}."
+            )
+        changes[(a["variant"], a["seed"])] = np.diff(val[-window - 1 :])
+    same, different = [], []
+    keys = sorted(changes)
+    for i, k in enumerate(keys):
+        for m in keys[i + 1 :]:
+            r = float(np.corrcoef(changes[k], changes[m])[0, 1])
+            (same if k[1] == m[1] else different).append(r)
+    return {
+        "same seed": float(np.mean(same)) if same else float("nan"),
+        "different seeds": float(np.mean(different)) if different else float("nan"),
+        "n same": len(same),
+        "n different": len(different),
+    }
 
 
 def longer_schedule(

@@ -169,6 +169,26 @@ def test_convergence_rule():
     )
 
 
+def test_shared_late_changes_separates_seed_from_variant():
+    # seed 0 rises then falls late, seed 1 the opposite; the variants of a seed differ only in level
+    up = [3.0, 2.6, 2.5, 2.55, 2.45, 2.44]
+    down = [3.0, 2.6, 2.5, 2.45, 2.55, 2.52]
+    arts = [
+        _art("none", 0, 3.0, val=up),
+        _art("mask", 0, 3.0, val=[v + 0.1 for v in up]),
+        _art("none", 1, 3.0, val=down),
+        _art("mask", 1, 3.0, val=[v - 0.1 for v in down]),
+    ]
+    r = dr.shared_late_changes(arts, window=3)
+    assert (r["n same"], r["n different"]) == (2, 4)
+    assert r["same seed"] == pytest.approx(1.0)
+    d_up, d_down = np.diff(up[-4:]), np.diff(down[-4:])
+    assert r["different seeds"] == pytest.approx(np.corrcoef(d_up, d_down)[0, 1])
+    assert r["different seeds"] < 0
+    with pytest.raises(ArtifactError, match="needs at least 4"):
+        dr.shared_late_changes([_art("none", 0, 3.0, val=[3.0, 2.0, 1.9])], window=3)
+
+
 def test_longer_schedule_pairs_each_long_run_with_its_twin():
     falling = [3.0, 2.8, 2.6, 2.5, 2.45]  # misses the rule
     short = [
