@@ -52,14 +52,19 @@ def _x(T: int, C: int = 8, seed: int = 1) -> torch.Tensor:
     return torch.randn(T, C, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-@pytest.mark.parametrize("T", LENGTHS)
-@pytest.mark.parametrize("name", sorted(CONFIGS))
+#: every configuration at every length, except the mask at T = 1 (a row with no key left; its
+#: error is tested in test_unsupported_configurations_raise_clear_errors)
+CASES = [
+    (name, T)
+    for name in sorted(CONFIGS)
+    for T in LENGTHS
+    if not (CONFIGS[name].get("diag") == "mask" and T < 2)
+]
+
+
+@pytest.mark.parametrize("name, T", CASES)
 def test_paths_sum_to_autograd(name, T):
     kw = CONFIGS[name]
-    if kw.get("diag") == "mask" and T < 2:
-        pytest.skip(
-            "the mask needs T >= 2 (tested in test_unsupported_configurations_raise_clear_errors)"
-        )
     layer = _layer(T, **kw)
     x = _x(T)
     paths = J.decompose(layer, x)
