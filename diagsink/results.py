@@ -19,7 +19,8 @@ subset of them. Everything here works on that subset:
 * :func:`convergence` -- a run's validation curve against the rule :data:`CONVERGENCE`;
   :func:`shared_late_changes` -- how far the last epochs' fluctuations are common to one seed;
   :func:`longer_schedule` -- a run that misses it against its twin trained twice as long
-  (:data:`LONGER`), in words by :func:`describe_longer`;
+  (:data:`LONGER`), in words by :func:`describe_longer`; :func:`longer_paired` -- a variant's
+  difference against (b) with both trained twice as long (:func:`describe_longer_paired`);
 * :func:`split_dates` and :func:`day_forecast` -- the test windows' dates, one test day's
   forecasts against the truth and the last value;
 * :func:`daily_errors` -- a metric of every test day, for runs (their stored ``test_by_day``)
@@ -51,7 +52,7 @@ __all__ = [
     "RESULTS_ENV", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
     "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
     "paired_table", "describe_paired", "paper_means", "relative_changes", "released_comparison", "convergence",
-    "convergence_table", "shared_late_changes", "LONGER", "longer_schedule", "describe_longer", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
+    "convergence_table", "shared_late_changes", "LONGER", "longer_schedule", "describe_longer", "longer_paired", "describe_longer_paired", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
     "daily_errors",
 ]  # fmt: skip
 
@@ -413,6 +414,74 @@ def longer_schedule(
     if len(out):
         out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
     return out
+
+
+def longer_paired(
+    short: list[dict[str, Any]], long: list[dict[str, Any]], key: str = "MAE@12"
+) -> pd.DataFrame:
+    """The difference against (b) with both runs trained twice as long, against the same
+    difference in the short protocol.
+
+    For each run of ``long`` whose (b) twin (same protocol and seed) is in ``long`` too: rows
+    ``(protocol, variant, seed)`` in the short protocol's name (:data:`LONGER`); columns
+    ``short diff`` and ``long diff`` (``key`` of the variant minus (b), same seed), ``change``
+    (long minus short) and ``paired sd`` (sample sd over the seeds of ``short`` of the
+    variant-minus-(b) difference: how much it varies with the seed). Empty when no pair exists.
+    """
+    of = {v: k for k, v in LONGER.items()}
+    value = {
+        (a["protocol"], a["variant"], a["seed"]): float(a["metrics"][key]) for a in short + long
+    }
+    rows = {}
+    for a in long:
+        p, v, s = a["protocol"], a["variant"], a["seed"]
+        if v == "none" or (p, "none", s) not in value:
+            continue
+        name = (of.get(p, ""), v, s)
+        if name not in value or (name[0], "none", s) not in value:
+            raise ArtifactError(
+                f"{p}/{v}_seed{s} and its (b) have no twins in {name[0] or 'a short protocol'}; "
+                "pass the protocol they lengthen."
+            )
+        seeds = [b["seed"] for b in short if b["protocol"] == name[0] and b["variant"] == v]
+        diffs = [
+            value[(name[0], v, e)] - value[(name[0], "none", e)]
+            for e in seeds
+            if (name[0], "none", e) in value
+        ]
+        sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else float("nan")
+        d_short = value[name] - value[(name[0], "none", s)]
+        d_long = value[(p, v, s)] - value[(p, "none", s)]
+        rows[name] = {
+            "short diff": d_short,
+            "long diff": d_long,
+            "change": d_long - d_short,
+            "paired sd": sd,
+        }
+    columns = ["short diff", "long diff", "change", "paired sd"]
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+    if len(out):
+        out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
+    return out
+
+
+def describe_longer_paired(
+    paired: pd.DataFrame, labels: dict[str, str] | None = None, key: str = "MAE@12"
+) -> str:
+    """:func:`longer_paired` in one sentence: each difference against (b) short and long, and how
+    many moved by less than the seed-to-seed sd of that difference."""
+    if paired.empty:
+        return "No variant has a twice-as-long twin of (b) with the same seed yet, so no difference against (b) is checked."
+    labels = labels or {}
+    parts = [
+        f"{labels.get(v, v)} seed {s} {r['short diff']:+.3f} and {r['long diff']:+.3f}"
+        for (_, v, s), r in paired.iterrows()
+    ]
+    n_less = int((paired["change"].abs() < paired["paired sd"]).sum())
+    return (
+        f"With (b) trained twice as long too, the differences against (b) ({key}, short and long) are "
+        f"{'; '.join(parts)}: {n_less} of {len(paired)} move by less than the seed-to-seed sd of that difference."
+    )
 
 
 def describe_longer(missing: list[tuple[str, str, int]], longer: pd.DataFrame) -> str:

@@ -217,6 +217,35 @@ def test_longer_schedule_pairs_each_long_run_with_its_twin():
     assert dr.describe_longer([], t).startswith("No run misses the rule")
 
 
+def test_longer_paired_compares_differences_against_b_at_both_lengths():
+    # MAE@12 = 2 * mae: short (b) 6.0, 6.4, 6.2; mask 6.2, 6.8, 6.2 -> differences 0.2, 0.4, 0.0
+    short = [
+        _art("none", 0, 3.0),
+        _art("none", 1, 3.2),
+        _art("none", 2, 3.1),
+        _art("mask", 0, 3.1),
+        _art("mask", 1, 3.4),
+        _art("mask", 2, 3.1),
+    ]
+    x2 = "custom-full29-x2"
+    long = [_art("none", 1, 3.0, x2), _art("mask", 1, 3.05, x2), _art("mask", 2, 3.0, x2)]
+    t = dr.longer_paired(short, long)
+    assert list(t.index) == [("full29", "mask", 1)]  # (b) is the reference; mask 2 lacks its (b)
+    row = t.loc[("full29", "mask", 1)]
+    assert row["short diff"] == pytest.approx(0.4) and row["long diff"] == pytest.approx(0.1)
+    assert row["change"] == pytest.approx(-0.3)
+    assert row["paired sd"] == pytest.approx(np.std([0.2, 0.4, 0.0], ddof=1))
+    text = dr.describe_longer_paired(t, {"mask": "(c)"})
+    assert text == (
+        "With (b) trained twice as long too, the differences against (b) (MAE@12, short and long) are "
+        "(c) seed 1 +0.400 and +0.100: 0 of 1 move by less than the seed-to-seed sd of that difference."
+    )
+    assert dr.longer_paired(short, long[:1]).empty
+    with pytest.raises(ArtifactError, match="no twins in full29"):
+        dr.longer_paired(short, long + [_art("dropout", 1, 2.0, x2)])
+    assert dr.describe_longer_paired(t.iloc[:0]).startswith("No variant has")
+
+
 def _fake_data(n_days: int = 14, n_nodes: int = 3) -> SimpleNamespace:
     """A MetrLA-like object: 5-minute steps from a Thursday, speeds 60 + node - a daily dip."""
     ts = pd.date_range("2012-05-31 00:00", periods=288 * n_days, freq="5min")  # a Thursday
