@@ -19,7 +19,7 @@ subset of them. Everything here works on that subset:
 * :func:`convergence` -- a run's validation curve against the rule :data:`CONVERGENCE`;
   :func:`shared_late_changes` -- how far the last epochs' fluctuations are common to one seed;
   :func:`longer_schedule` -- a run that misses it against its twin trained twice as long
-  (:data:`LONGER`), in words by :func:`describe_longer`; :func:`longer_paired` -- a variant's
+  (:data:`LONGER`), in words by :func:`describe_longer` and :func:`describe_budget`; :func:`longer_paired` -- a variant's
   difference against (b) with both trained twice as long (:func:`describe_longer_paired`);
 * :func:`split_dates` and :func:`day_forecast` -- the test windows' dates, one test day's
   forecasts against the truth and the last value;
@@ -52,7 +52,7 @@ __all__ = [
     "RESULTS_ENV", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
     "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
     "paired_table", "describe_paired", "paper_means", "relative_changes", "released_comparison", "convergence",
-    "convergence_table", "shared_late_changes", "LONGER", "longer_schedule", "describe_longer", "longer_paired", "describe_longer_paired", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
+    "convergence_table", "shared_late_changes", "LONGER", "longer_schedule", "describe_longer", "longer_paired", "describe_longer_paired", "describe_budget", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
     "daily_errors",
 ]  # fmt: skip
 
@@ -463,6 +463,20 @@ def longer_paired(
     if len(out):
         out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
     return out
+
+
+def describe_budget(longer: pd.DataFrame) -> str:
+    """:func:`longer_schedule` summed up: how far twice the epochs moves MAE@12, and for how many
+    runs by more than the seed-to-seed sd of their variant."""
+    if longer.empty:
+        return "No run has been trained twice as long yet."
+    rel = 100 * longer["change"] / longer["short"]
+    n_more = int((longer["change"].abs() >= longer["seed sd"]).sum())
+    return (
+        f"Trained twice as long, {len(longer)} run(s) change their MAE@12 by {longer['change'].min():+.3f} to "
+        f"{longer['change'].max():+.3f} mph ({rel.min():+.1f} to {rel.max():+.1f} %), {n_more} of them by "
+        "more than the seed-to-seed sd of their variant."
+    )
 
 
 def describe_longer_paired(

@@ -215,6 +215,11 @@ def test_longer_schedule_pairs_each_long_run_with_its_twin():
         "full29/mask seed 1: its run with twice the epochs is not committed."
     )
     assert dr.describe_longer([], t).startswith("No run misses the rule")
+    assert dr.describe_budget(t) == (
+        "Trained twice as long, 1 run(s) change their MAE@12 by -0.200 to -0.200 mph (-3.3 to -3.3 %), "
+        "1 of them by more than the seed-to-seed sd of their variant."
+    )
+    assert dr.describe_budget(t.iloc[:0]) == "No run has been trained twice as long yet."
 
 
 def test_longer_paired_compares_differences_against_b_at_both_lengths():
