@@ -19,8 +19,9 @@ subset of them. Everything here works on that subset:
 * :func:`convergence` -- a run's validation curve against the rule :data:`CONVERGENCE`;
   :func:`shared_late_changes` -- how far the last epochs' fluctuations are common to one seed;
   :func:`longer_schedule` -- a run that misses it against its twin trained twice as long
-  (:data:`LONGER`), in words by :func:`describe_longer` and :func:`describe_budget`; :func:`longer_paired` -- a variant's
-  difference against (b) with both trained twice as long (:func:`describe_longer_paired`);
+  (:data:`LONGER`), in words by :func:`describe_longer` and :func:`describe_budget`;
+  :func:`longer_paired` -- a variant's difference against (b) with both trained twice as long
+  (:func:`describe_longer_paired`);
 * :func:`split_dates` and :func:`day_forecast` -- the test windows' dates, one test day's
   forecasts against the truth and the last value;
 * :func:`daily_errors` -- a metric of every test day, for runs (their stored ``test_by_day``)
@@ -416,6 +417,42 @@ def longer_schedule(
     return out
 
 
+def describe_longer(missing: list[tuple[str, str, int]], longer: pd.DataFrame) -> str:
+    """One clause per run of ``missing`` (``(protocol, variant, seed)``, the runs that miss the
+    rule) on its twin in ``longer`` (:func:`longer_schedule`): MAE@12 of both, whether the change
+    is below the variant's seed sd, whether the twin meets the rule; or that no twin is committed.
+    """
+    words = []
+    for name in missing:
+        run = f"{name[0]}/{name[1]} seed {name[2]}"
+        if name not in longer.index:
+            words.append(f"{run}: its run with twice the epochs is not committed")
+            continue
+        r = longer.loc[name]
+        below = "less" if abs(r["change"]) < r["seed sd"] else "more"
+        meets = "meets" if r["long converged"] else "misses"
+        words.append(
+            f"{run}: MAE@12 {r['short']:.3f}, and {r['long']:.3f} mph with twice the epochs "
+            f"({r['change']:+.3f}: {below} than the variant's seed-to-seed sd of {r['seed sd']:.3f}); "
+            f"the longer run {meets} the rule"
+        )
+    return "; ".join(words) + "." if words else "No run misses the rule, so none needs the check."
+
+
+def describe_budget(longer: pd.DataFrame) -> str:
+    """:func:`longer_schedule` summed up: how far twice the epochs moves MAE@12, and for how many
+    runs by more than the seed-to-seed sd of their variant."""
+    if longer.empty:
+        return "No run has been trained twice as long yet."
+    rel = 100 * longer["change"] / longer["short"]
+    n_more = int((longer["change"].abs() >= longer["seed sd"]).sum())
+    return (
+        f"Trained twice as long, {len(longer)} run(s) change their MAE@12 by {longer['change'].min():+.3f} to "
+        f"{longer['change'].max():+.3f} mph ({rel.min():+.1f} to {rel.max():+.1f} %), {n_more} of them by "
+        "more than the seed-to-seed sd of their variant."
+    )
+
+
 def longer_paired(
     short: list[dict[str, Any]], long: list[dict[str, Any]], key: str = "MAE@12"
 ) -> pd.DataFrame:
@@ -465,20 +502,6 @@ def longer_paired(
     return out
 
 
-def describe_budget(longer: pd.DataFrame) -> str:
-    """:func:`longer_schedule` summed up: how far twice the epochs moves MAE@12, and for how many
-    runs by more than the seed-to-seed sd of their variant."""
-    if longer.empty:
-        return "No run has been trained twice as long yet."
-    rel = 100 * longer["change"] / longer["short"]
-    n_more = int((longer["change"].abs() >= longer["seed sd"]).sum())
-    return (
-        f"Trained twice as long, {len(longer)} run(s) change their MAE@12 by {longer['change'].min():+.3f} to "
-        f"{longer['change'].max():+.3f} mph ({rel.min():+.1f} to {rel.max():+.1f} %), {n_more} of them by "
-        "more than the seed-to-seed sd of their variant."
-    )
-
-
 def describe_longer_paired(
     paired: pd.DataFrame, labels: dict[str, str] | None = None, key: str = "MAE@12"
 ) -> str:
@@ -496,28 +519,6 @@ def describe_longer_paired(
         f"With (b) trained twice as long too, the differences against (b) ({key}, short and long) are "
         f"{'; '.join(parts)}: {n_less} of {len(paired)} move by less than the seed-to-seed sd of that difference."
     )
-
-
-def describe_longer(missing: list[tuple[str, str, int]], longer: pd.DataFrame) -> str:
-    """One clause per run of ``missing`` (``(protocol, variant, seed)``, the runs that miss the
-    rule) on its twin in ``longer`` (:func:`longer_schedule`): MAE@12 of both, whether the change
-    is below the variant's seed sd, whether the twin meets the rule; or that no twin is committed.
-    """
-    words = []
-    for name in missing:
-        run = f"{name[0]}/{name[1]} seed {name[2]}"
-        if name not in longer.index:
-            words.append(f"{run}: its run with twice the epochs is not committed")
-            continue
-        r = longer.loc[name]
-        below = "less" if abs(r["change"]) < r["seed sd"] else "more"
-        meets = "meets" if r["long converged"] else "misses"
-        words.append(
-            f"{run}: MAE@12 {r['short']:.3f}, and {r['long']:.3f} mph with twice the epochs "
-            f"({r['change']:+.3f}: {below} than the variant's seed-to-seed sd of {r['seed sd']:.3f}); "
-            f"the longer run {meets} the rule"
-        )
-    return "; ".join(words) + "." if words else "No run misses the rule, so none needs the check."
 
 
 def thousands(n: int) -> str:
