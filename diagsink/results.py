@@ -511,7 +511,8 @@ def describe_longer_paired(
         return "No variant has a twice-as-long twin of (b) with the same seed yet, so no difference against (b) is checked."
     labels = labels or {}
     parts = [
-        f"{labels.get(v, v)} seed {s} {r['short diff']:+.3f} and {r['long diff']:+.3f}"
+        f"{labels.get(v, v)} seed {s} {r['short diff']:+.3f} and {r['long diff']:+.3f} "
+        f"(a change of {abs(r['change']) / r['paired sd']:.3f} seed sd)"
         for (_, v, s), r in paired.iterrows()
     ]
     n_less = int((paired["change"].abs() < paired["paired sd"]).sum())

@@ -243,7 +243,8 @@ def test_longer_paired_compares_differences_against_b_at_both_lengths():
     text = dr.describe_longer_paired(t, {"mask": "(c)"})
     assert text == (
         "With (b) trained twice as long too, the differences against (b) (MAE@12, short and long) are "
-        "(c) seed 1 +0.400 and +0.100: 0 of 1 move by less than the seed-to-seed sd of that difference."
+        "(c) seed 1 +0.400 and +0.100 (a change of 1.500 seed sd): 0 of 1 move by less than the "
+        "seed-to-seed sd of that difference."
     )
     assert dr.longer_paired(short, long[:1]).empty
     with pytest.raises(ArtifactError, match="no twins in full29"):
