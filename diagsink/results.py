@@ -333,13 +333,26 @@ def convergence(
     }
 
 
-def convergence_table(arts: list[dict[str, Any]]) -> pd.DataFrame:
-    """:func:`convergence` of every run: rows ``(protocol, variant, seed)``."""
-    rows = {(a["protocol"], a["variant"], a["seed"]): convergence(a["history"]) for a in arts}
-    out = pd.DataFrame.from_dict(rows, orient="index")
+def _run_frame(
+    rows: dict[tuple[str, str, int], Any], columns: list[str] | None = None
+) -> pd.DataFrame:
+    """``rows`` (keyed ``(protocol, variant, seed)``) as a frame with that index (empty if none)."""
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
     if len(out):
         out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
     return out
+
+
+def _shorter(protocol: str) -> str:
+    """The protocol that ``protocol`` lengthens (:data:`LONGER`), or ``""`` if none."""
+    return {v: k for k, v in LONGER.items()}.get(protocol, "")
+
+
+def convergence_table(arts: list[dict[str, Any]]) -> pd.DataFrame:
+    """:func:`convergence` of every run: rows ``(protocol, variant, seed)``."""
+    return _run_frame(
+        {(a["protocol"], a["variant"], a["seed"]): convergence(a["history"]) for a in arts}
+    )
 
 
 def shared_late_changes(arts: list[dict[str, Any]], window: int | None = None) -> dict[str, Any]:
@@ -388,11 +401,10 @@ def longer_schedule(
     over every run of that variant in ``short``), and ``converged`` / ``long converged``
     (:func:`convergence` of each curve). A long run without a twin raises :class:`ArtifactError`.
     """
-    of = {v: k for k, v in LONGER.items()}
     twins = {(a["protocol"], a["variant"], a["seed"]): a for a in short}
     rows = {}
     for a in long:
-        name = (of.get(a["protocol"], ""), a["variant"], a["seed"])
+        name = (_shorter(a["protocol"]), a["variant"], a["seed"])
         if name not in twins:
             raise ArtifactError(
                 f"{a['protocol']}/{a['variant']}_seed{a['seed']} has no twin {'/'.join(map(str, name))} "
@@ -410,11 +422,7 @@ def longer_schedule(
             "converged": convergence(twins[name]["history"])["converged"],
             "long converged": convergence(a["history"])["converged"],
         }  # fmt: skip
-    columns = ["short", "long", "change", "seed sd", "converged", "long converged"]
-    out = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
-    if len(out):
-        out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
-    return out
+    return _run_frame(rows, ["short", "long", "change", "seed sd", "converged", "long converged"])
 
 
 def describe_longer(missing: list[tuple[str, str, int]], longer: pd.DataFrame) -> str:
@@ -465,7 +473,6 @@ def longer_paired(
     (long minus short) and ``paired sd`` (sample sd over the seeds of ``short`` of the
     variant-minus-(b) difference: how much it varies with the seed). Empty when no pair exists.
     """
-    of = {v: k for k, v in LONGER.items()}
     value = {
         (a["protocol"], a["variant"], a["seed"]): float(a["metrics"][key]) for a in short + long
     }
@@ -474,32 +481,30 @@ def longer_paired(
         p, v, s = a["protocol"], a["variant"], a["seed"]
         if v == "none" or (p, "none", s) not in value:
             continue
-        name = (of.get(p, ""), v, s)
+        name = (_shorter(p), v, s)
         if name not in value or (name[0], "none", s) not in value:
             raise ArtifactError(
                 f"{p}/{v}_seed{s} and its (b) have no twins in {name[0] or 'a short protocol'}; "
                 "pass the protocol they lengthen."
             )
-        seeds = [b["seed"] for b in short if b["protocol"] == name[0] and b["variant"] == v]
-        diffs = [
-            value[(name[0], v, e)] - value[(name[0], "none", e)]
-            for e in seeds
-            if (name[0], "none", e) in value
+        seeds = [
+            b["seed"]
+            for b in short
+            if b["protocol"] == name[0]
+            and b["variant"] == v
+            and (name[0], "none", b["seed"]) in value
         ]
-        sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else float("nan")
+        x = [value[(name[0], v, e)] for e in seeds]
+        b = [value[(name[0], "none", e)] for e in seeds]
         d_short = value[name] - value[(name[0], "none", s)]
         d_long = value[(p, v, s)] - value[(p, "none", s)]
         rows[name] = {
             "short diff": d_short,
             "long diff": d_long,
             "change": d_long - d_short,
-            "paired sd": sd,
+            "paired sd": paired_difference(x, b)["sd_diff"] if len(seeds) > 1 else float("nan"),
         }
-    columns = ["short diff", "long diff", "change", "paired sd"]
-    out = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
-    if len(out):
-        out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
-    return out
+    return _run_frame(rows, ["short diff", "long diff", "change", "paired sd"])
 
 
 def describe_longer_paired(

@@ -141,6 +141,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         cfg["protocol"] = protocol
         (base / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
         out[name] = base / f"{name}.yaml"
+    (base / "extends.yaml").write_text("extends: custom-tiny\nprotocol: custom-tinier\n")
+    out["extends"] = base / "extends.yaml"
     cfg = yaml.safe_load(out["tiny"].read_text())
     cfg["data"]["ratios"] = ["0.7", 0.1, 0.2]
     (base / "ratios.yaml").write_text(yaml.safe_dump(cfg))
@@ -297,6 +299,12 @@ def _api_cases():
             lambda i: load_config(i["absolute"]),
             ConfigError,
             ["plain name"],
+        ),
+        (
+            "config: extends a file",
+            lambda i: load_config(i["extends"]),
+            ConfigError,
+            ["extends = 'custom-tiny' is not a shipped protocol", "choose one of paper"],
         ),
         (
             "config: no such file",

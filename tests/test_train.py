@@ -77,6 +77,21 @@ def test_the_twice_as_long_checks_differ_from_their_protocol_only_in_length():
         }
 
 
+def test_a_config_file_extends_a_shipped_protocol_section_by_section(tmp_path):
+    """``extends: quick`` plus ``train: {epochs: 3}``: quick with one key of ``train`` changed."""
+    path = tmp_path / "short.yaml"
+    path.write_text("extends: quick\nprotocol: custom-short\ntrain:\n  epochs: 3\n")
+    expected = override(load_config("quick"), {"train.epochs": 3})
+    expected["protocol"] = "custom-short"
+    assert load_config(path) == expected
+    path.write_text("extends: quick\ntrain:\n  epochs: 3\n")  # still named quick: refused
+    with pytest.raises(ConfigError, match="custom-quick"):
+        load_config(path)
+    path.write_text("extends: quick\nprotocol: custom-short\ntrain:\n  epoch: 3\n")
+    with pytest.raises(ConfigError, match="train.epoch"):
+        load_config(path)
+
+
 def test_epoch_parts_use_every_window_once_per_pass():
     """``train.epoch_parts = k``: k consecutive epochs cover the training windows exactly once."""
     from types import SimpleNamespace

@@ -14,7 +14,8 @@ unknown protocol raises :class:`~diagsink.errors.ConfigError` naming the key and
 ones; so does every number outside its range (:data:`RANGES`: finite, positive where zero or a
 negative value makes no sense, probabilities in [0, 1), a bounded diagonal penalty), a key given
 twice in one mapping of the file, and a file that calls itself by a shipped protocol's name but
-holds other contents (rename it ``custom-...``). A few keys are *optional* (:data:`OPTIONAL`): a protocol may leave them out, which
+holds other contents (rename it ``custom-...``). A file may start from a shipped protocol with
+``extends: <name>`` and list only what it changes (:func:`load_config`). A few keys are *optional* (:data:`OPTIONAL`): a protocol may leave them out, which
 means their default, and :func:`config_hash` ignores them when they hold the default, so a
 config that spells out a default hashes like one that leaves it out (committed artifacts made
 before such a key existed stay current). Explained in the chapter "The T&S model and its
@@ -353,11 +354,39 @@ def _shipped(name: str) -> dict[str, Any]:
     text = (
         resources.files("diagsink").joinpath("configs", f"{name}.yaml").read_text(encoding="utf-8")
     )
-    return validate_config(_parse(text, name))
+    return validate_config(_extend(_parse(text, name), name))
+
+
+def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` written over it, section by section (a copy)."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _extend(raw: Any, path: Path | str) -> Any:
+    """A parsed file with ``extends: <shipped protocol>``: that protocol with the file's keys over it."""
+    if not isinstance(raw, dict) or "extends" not in raw:
+        return raw
+    changes = {k: v for k, v in raw.items() if k != "extends"}
+    base = raw["extends"]
+    if base not in PROTOCOLS:
+        raise ConfigError(
+            f"config file {path}: extends = {base!r} is not a shipped protocol; choose one of "
+            f"{', '.join(PROTOCOLS)} (a file cannot extend another file)."
+        )
+    return _merged(_shipped(base), changes)
 
 
 def load_config(protocol: str | Path) -> dict[str, Any]:
     """Load and validate a protocol by name (``"paper"``, ``"book"``, ``"quick"``) or from a YAML path.
+
+    A file with ``extends: <name>`` (a shipped protocol) is that protocol with the file's keys
+    written over it, section by section: ``train: {epochs: 32}`` changes one key of ``train``.
 
     A file that names itself after a shipped protocol (:data:`PROTOCOLS`) must hold exactly that
     protocol: otherwise its results would land in the shipped protocol's results folder.
@@ -368,7 +397,7 @@ def load_config(protocol: str | Path) -> dict[str, Any]:
             raise ConfigError(
                 f"config file {path} does not exist; pass one of {', '.join(PROTOCOLS)} or a YAML path."
             )
-        cfg = validate_config(_parse(path.read_text(encoding="utf-8"), path))
+        cfg = validate_config(_extend(_parse(path.read_text(encoding="utf-8"), path), path))
         name = cfg["protocol"]
         if name in PROTOCOLS:
             shipped = _shipped(name)
