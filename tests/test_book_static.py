@@ -382,6 +382,60 @@ def test_chapter_opens_with_a_box_of_glued_numbers(path: Path):
     assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
 
 
+def _cross_page_glue_problems(source: Path, markdown: str) -> list[str]:
+    """What is wrong with the ``{glue...}`page.ipynb::key``` roles of ``markdown`` (in ``source``).
+
+    myst-nb reads ``{glue:text}`` content as ``key:format``, split at the *last* colon, so a
+    cross-page key without a format (``page.ipynb::key``) is read as the key ``page.ipynb:``.
+    """
+    problems = []
+    for kind, content in _GLUE_ROLE.findall(markdown):
+        if "::" not in content:
+            continue
+        page, rest = content.split("::", 1)
+        if kind == "text" and ":" not in rest:
+            problems.append(
+                f"{{glue:text}}`{content}` has no format: write `{content}:d` (or :.2f, ...)"
+            )
+            continue
+        key = rest.rsplit(":", 1)[0] if kind == "text" else rest
+        target = source.parent / page
+        if not target.exists():
+            problems.append(f"{{glue}} `{content}` names {page}, which does not exist")
+            continue
+        code = "\n".join(_src(c) for c in _cells(target) if c["cell_type"] == "code")
+        if not re.search(rf"\bglue\(\s*['\"]{re.escape(key)}['\"]", code):
+            problems.append(f"`{content}`: {page} has no glue({key!r}, ...)")
+    return problems
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_glue_from_another_page_names_a_key_that_page_glues(path: Path):
+    """A ``page.ipynb::key`` glue role: the page exists and glues ``key``, and a ``{glue:text}``
+    role carries a format (without one, myst-nb reads the key up to the last colon)."""
+    if path.suffix == ".md":
+        markdown = path.read_text()
+    else:
+        markdown = "\n".join(_src(c) for c in _cells(path) if c["cell_type"] == "markdown")
+    problems = _cross_page_glue_problems(path, markdown)
+    assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
+
+
+def test_cross_page_glue_checker_finds_a_missing_format_and_key():
+    intro = ROOT / "book" / "intro.md"
+    assert (
+        _cross_page_glue_problems(intro, "{glue:text}`results.ipynb::results-budget-gain:.1f`")
+        == []
+    )
+    assert (
+        "has no format"
+        in _cross_page_glue_problems(intro, "{glue:text}`results.ipynb::results-budget-gain`")[0]
+    )
+    assert (
+        "has no glue" in _cross_page_glue_problems(intro, "{glue:text}`results.ipynb::nope:d`")[0]
+    )
+
+
 def test_box_checker_finds_typed_numbers_and_missing_keys():
     def md(text):
         return {"cell_type": "markdown", "metadata": {}, "source": text}
