@@ -21,7 +21,8 @@ subset of them. Everything here works on that subset:
   :func:`longer_schedule` -- a run that misses it against its twin trained twice as long
   (:data:`LONGER`), in words by :func:`describe_longer` and :func:`describe_budget`;
   :func:`longer_paired` -- a variant's difference against (b) with both trained twice as long
-  (:func:`describe_longer_paired`);
+  (:func:`describe_longer_paired`), seed by seed; :func:`longer_paired_seeds` -- the same over
+  every seed where both are, with its paired interval (:func:`describe_longer_paired_seeds`);
 * :func:`split_dates` and :func:`day_forecast` -- the test windows' dates, one test day's
   forecasts against the truth and the last value;
 * :func:`daily_errors` -- a metric of every test day, for runs (their stored ``test_by_day``)
@@ -53,7 +54,7 @@ __all__ = [
     "RESULTS_ENV", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
     "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
     "paired_table", "describe_paired", "paper_means", "relative_changes", "released_comparison", "convergence",
-    "convergence_table", "shared_late_changes", "LONGER", "longer_schedule", "describe_longer", "longer_paired", "describe_longer_paired", "describe_budget", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
+    "convergence_table", "shared_late_changes", "LONGER", "longer_schedule", "describe_longer", "longer_paired", "describe_longer_paired", "longer_paired_seeds", "describe_longer_paired_seeds", "describe_budget", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
     "daily_errors",
 ]  # fmt: skip
 
@@ -525,6 +526,83 @@ def describe_longer_paired(
         f"With (b) trained twice as long too, the differences against (b) ({key}, short and long) are "
         f"{'; '.join(parts)}: {n_less} of {len(paired)} move by less than the seed-to-seed sd of that difference."
     )
+
+
+def longer_paired_seeds(
+    short: list[dict[str, Any]],
+    long: list[dict[str, Any]],
+    key: str = "MAE@12",
+    level: float = 0.95,
+) -> pd.DataFrame:
+    """Each variant minus (b) over the seeds where both are trained twice as long, against the
+    same seeds in the short protocol: does a treatment's effect depend on the budget?
+
+    For each long protocol (:data:`LONGER`) and variant with at least 2 seeds that it and (b)
+    both have in the long protocol (and, for those seeds, in the short one): rows ``(protocol,
+    variant)`` in the short protocol's name; columns ``seeds`` (those seeds), ``short`` and
+    ``long`` (mean variant-minus-(b) difference of ``key``), ``short half-width`` and ``long
+    half-width`` (the ``level`` paired-t interval, :func:`paired_difference`) and ``short
+    exceeds`` / ``long exceeds`` (the interval excludes 0). Empty when no variant qualifies.
+    """
+    value = {
+        (a["protocol"], a["variant"], a["seed"]): float(a["metrics"][key]) for a in short + long
+    }
+    rows = {}
+    for p, v in sorted({(a["protocol"], a["variant"]) for a in long if a["variant"] != "none"}):
+        q = _shorter(p)
+        seeds = sorted(
+            e
+            for (pp, vv, e) in value
+            if (pp, vv) == (p, v)
+            and all(n in value for n in ((p, "none", e), (q, v, e), (q, "none", e)))
+        )
+        if len(seeds) < 2:
+            continue
+        row: dict[str, Any] = {"seeds": seeds}
+        for name, proto in (("short", q), ("long", p)):
+            r = paired_difference(
+                [value[(proto, v, e)] for e in seeds],
+                [value[(proto, "none", e)] for e in seeds],
+                level,
+            )
+            row[name] = r["mean_diff"]
+            row[f"{name} half-width"] = r["half_width"]
+            row[f"{name} exceeds"] = bool(r["exceeds_noise"])
+        rows[(q, v)] = row
+    columns = [
+        "seeds",
+        "short",
+        "short half-width",
+        "short exceeds",
+        "long",
+        "long half-width",
+        "long exceeds",
+    ]
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+    if len(out):
+        out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant"])
+    return out
+
+
+def describe_longer_paired_seeds(
+    table: pd.DataFrame, labels: dict[str, str] | None = None, key: str = "MAE@12"
+) -> str:
+    """:func:`longer_paired_seeds` in one sentence per variant: its mean difference against (b)
+    over the same seeds with 16 and with twice the epochs, each with its interval."""
+    if table.empty:
+        return ""
+    labels = labels or {}
+
+    def interval(r: pd.Series, name: str) -> str:
+        noise = "beyond" if r[f"{name} exceeds"] else "within"
+        return f"{r[name]:+.3f} ± {r[f'{name} half-width']:.3f} ({noise} the seed noise)"
+
+    parts = [
+        f"{labels.get(v, v)} minus (b) ({p}, {key}, seeds {', '.join(map(str, r['seeds']))}) is "
+        f"{interval(r, 'short')} with the short schedule and {interval(r, 'long')} with twice the epochs"
+        for (p, v), r in table.iterrows()
+    ]
+    return "Over the seeds where both are trained twice as long, " + "; ".join(parts) + "."
 
 
 def thousands(n: int) -> str:

@@ -252,6 +252,38 @@ def test_longer_paired_compares_differences_against_b_at_both_lengths():
     assert dr.describe_longer_paired(t.iloc[:0]).startswith("No variant has")
 
 
+def test_longer_paired_seeds_sets_the_interval_at_both_lengths_over_the_same_seeds():
+    from diagsink.engine.significance import paired_difference
+
+    x2 = "custom-full29-x2"
+    # MAE@12 = 2 * mae. Short: mask - (b) = +0.2, 0.0, -0.2 (seeds 0-2); long: +0.2, +0.4, +0.3
+    short = [_art("none", s, 3.0) for s in range(3)] + [
+        _art("mask", s, m) for s, m in enumerate((3.1, 3.0, 2.9))
+    ]
+    long = [_art("none", s, 2.8, x2) for s in range(3)] + [
+        _art("mask", s, m, x2) for s, m in enumerate((2.9, 3.0, 2.95))
+    ]
+    long += [_art("dropout", 0, 2.7, x2)]  # one seed only: no interval, no row
+    t = dr.longer_paired_seeds(short, long)
+    assert list(t.index) == [("full29", "mask")]
+    r = t.loc[("full29", "mask")]
+    assert r["seeds"] == [0, 1, 2]
+    assert r["short"] == pytest.approx(0.0, abs=1e-12) and r["long"] == pytest.approx(0.3)
+    expected = paired_difference([5.8, 6.0, 5.9], [5.6, 5.6, 5.6])
+    assert r["long half-width"] == pytest.approx(expected["half_width"])
+    assert r["long exceeds"] == bool(expected["exceeds_noise"]) and not r["short exceeds"]
+    text = dr.describe_longer_paired_seeds(t, {"mask": "(c)"})
+    assert text.startswith(
+        "Over the seeds where both are trained twice as long, (c) minus (b) (full29, MAE@12, seeds 0, 1, 2) is +0.000 ± "
+    )
+    assert "with twice the epochs." in text
+    # a seed whose short run is missing drops out of both columns
+    t2 = dr.longer_paired_seeds([a for a in short if a["seed"] != 2], long)
+    assert t2.loc[("full29", "mask"), "seeds"] == [0, 1]
+    assert dr.longer_paired_seeds(short, long[:3]).empty
+    assert dr.describe_longer_paired_seeds(t.iloc[:0]) == ""
+
+
 def _fake_data(n_days: int = 14, n_nodes: int = 3) -> SimpleNamespace:
     """A MetrLA-like object: 5-minute steps from a Thursday, speeds 60 + node - a daily dip."""
     ts = pd.date_range("2012-05-31 00:00", periods=288 * n_days, freq="5min")  # a Thursday
