@@ -15,11 +15,12 @@ ones; so does every number outside its range (:data:`RANGES`: finite, positive w
 negative value makes no sense, probabilities in [0, 1), a bounded diagonal penalty), a key given
 twice in one mapping of the file, and a file that calls itself by a shipped protocol's name but
 holds other contents (rename it ``custom-...``). A file may start from a shipped protocol with
-``extends: <name>`` and list only what it changes (:func:`load_config`). A few keys are *optional* (:data:`OPTIONAL`): a protocol may leave them out, which
-means their default, and :func:`config_hash` ignores them when they hold the default, so a
-config that spells out a default hashes like one that leaves it out (committed artifacts made
-before such a key existed stay current). Explained in the chapter "The T&S model and its
-training loop" (``book/model.ipynb``).
+``extends: <name>`` and list only what it changes (:func:`load_config`). A few keys are
+*optional* (:data:`OPTIONAL`): a protocol may leave them out, which means their default, and
+:func:`config_hash` ignores them when they hold the default, so a config that spells out a
+default hashes like one that leaves it out (committed artifacts made before such a key existed
+stay current). Explained in the chapter "The T&S model and its training loop"
+(``book/model.ipynb``).
 """
 
 from __future__ import annotations
