@@ -19,7 +19,9 @@
 # PAPER_SEEDS [4], VARIANTS [all five], STEPS ["full29 full29-released paper"],
 # SPEED_FILE [metr-la_29sensors_allsteps.h5], CAP [570] seconds for the whole script.
 # A step may also be a protocol file (STEPS="my-protocol.yaml"); its runs go to
-# OUT_DIR/<its protocol: name>/. A dry run on a CPU, the same steps on a tiny protocol file
+# OUT_DIR/<its protocol: name>/. The twice-as-long protocols of the results page's convergence
+# check: STEPS="diagsink/configs/custom-full29-x2.yaml diagsink/configs/custom-full29-released-x2.yaml"
+# (a file whose name contains "released" trains (b), (d), (e) only, like full29-released). A dry run on a CPU, the same steps on a tiny protocol file
 # (tests/test_gpu_script.py runs one of a single epoch of two batches):
 #     DEVICE=cpu STEPS=custom-tiny.yaml SEEDS=1 VARIANTS=none tools/gpu_reproduce.sh /tmp/out
 set -euo pipefail
@@ -69,7 +71,7 @@ step() {  # step PROTOCOL [reproduce options...]: train, then attach the sensiti
 
 for s in $STEPS; do
   case "$s" in
-    full29-released) step full29-released --seeds "$SEEDS" --variants none,dropout,penalty ;;
+    full29-released | *released*.yaml) step "$s" --seeds "$SEEDS" --variants none,dropout,penalty ;;
     paper) step paper --seeds "$PAPER_SEEDS" --variants "$VARIANTS" --speed-file "$SPEED_FILE" ;;
     *) step "$s" --seeds "$SEEDS" --variants "$VARIANTS" ;;
   esac
