@@ -595,7 +595,7 @@ def describe_longer_paired_seeds(
 
     def interval(r: pd.Series, name: str) -> str:
         noise = "beyond" if r[f"{name} exceeds"] else "within"
-        return f"{r[name]:+.3f} ± {r[f'{name} half-width']:.3f} ({noise} the seed noise)"
+        return f"{r[name]:+.3f} ± {r[f'{name} half-width']:.3f} mph ({noise} the seed noise)"
 
     parts = [
         f"{labels.get(v, v)} minus (b) ({p}, {key}, seeds {', '.join(map(str, r['seeds']))}) is "

@@ -276,6 +276,7 @@ def test_longer_paired_seeds_sets_the_interval_at_both_lengths_over_the_same_see
     assert text.startswith(
         "Over the seeds where both are trained twice as long, (c) minus (b) (full29, MAE@12, seeds 0, 1, 2) is +0.000 ± "
     )
+    assert "mph (within the seed noise) with the short schedule" in text
     assert "with twice the epochs." in text
     # a seed whose short run is missing drops out of both columns
     t2 = dr.longer_paired_seeds([a for a in short if a["seed"] != 2], long)
