@@ -590,7 +590,7 @@ def describe_longer_paired_seeds(
     """:func:`longer_paired_seeds` in one sentence per variant: its mean difference against (b)
     over the same seeds with 16 and with twice the epochs, each with its interval."""
     if table.empty:
-        return ""
+        return "No treatment has two seeds yet at which it and (b) are both trained twice as long."
     labels = labels or {}
 
     def interval(r: pd.Series, name: str) -> str:

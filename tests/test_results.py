@@ -282,7 +282,7 @@ def test_longer_paired_seeds_sets_the_interval_at_both_lengths_over_the_same_see
     t2 = dr.longer_paired_seeds([a for a in short if a["seed"] != 2], long)
     assert t2.loc[("full29", "mask"), "seeds"] == [0, 1]
     assert dr.longer_paired_seeds(short, long[:3]).empty
-    assert dr.describe_longer_paired_seeds(t.iloc[:0]) == ""
+    assert dr.describe_longer_paired_seeds(t.iloc[:0]).startswith("No treatment has two seeds")
 
 
 def _fake_data(n_days: int = 14, n_nodes: int = 3) -> SimpleNamespace:
