@@ -335,13 +335,20 @@ def convergence(
 
 
 def _run_frame(
-    rows: dict[tuple[str, str, int], Any], columns: list[str] | None = None
+    rows: dict[tuple, Any],
+    columns: list[str] | None = None,
+    names: tuple[str, ...] = ("protocol", "variant", "seed"),
 ) -> pd.DataFrame:
-    """``rows`` (keyed ``(protocol, variant, seed)``) as a frame with that index (empty if none)."""
+    """``rows`` (keyed by tuples named ``names``) as a frame with that index (empty if none)."""
     out = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
     if len(out):
-        out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant", "seed"])
+        out.index = pd.MultiIndex.from_tuples(out.index, names=list(names))
     return out
+
+
+def _metric_by_run(arts: list[dict[str, Any]], key: str) -> dict[tuple[str, str, int], float]:
+    """``key`` of every run, keyed ``(protocol, variant, seed)``."""
+    return {(a["protocol"], a["variant"], a["seed"]): float(a["metrics"][key]) for a in arts}
 
 
 def _shorter(protocol: str) -> str:
@@ -474,9 +481,7 @@ def longer_paired(
     (long minus short) and ``paired sd`` (sample sd over the seeds of ``short`` of the
     variant-minus-(b) difference: how much it varies with the seed). Empty when no pair exists.
     """
-    value = {
-        (a["protocol"], a["variant"], a["seed"]): float(a["metrics"][key]) for a in short + long
-    }
+    value = _metric_by_run(short + long, key)
     rows = {}
     for a in long:
         p, v, s = a["protocol"], a["variant"], a["seed"]
@@ -544,9 +549,7 @@ def longer_paired_seeds(
     half-width`` (the ``level`` paired-t interval, :func:`paired_difference`) and ``short
     exceeds`` / ``long exceeds`` (the interval excludes 0). Empty when no variant qualifies.
     """
-    value = {
-        (a["protocol"], a["variant"], a["seed"]): float(a["metrics"][key]) for a in short + long
-    }
+    value = _metric_by_run(short + long, key)
     rows = {}
     for p, v in sorted({(a["protocol"], a["variant"]) for a in long if a["variant"] != "none"}):
         q = _shorter(p)
@@ -569,19 +572,9 @@ def longer_paired_seeds(
             row[f"{name} half-width"] = r["half_width"]
             row[f"{name} exceeds"] = bool(r["exceeds_noise"])
         rows[(q, v)] = row
-    columns = [
-        "seeds",
-        "short",
-        "short half-width",
-        "short exceeds",
-        "long",
-        "long half-width",
-        "long exceeds",
-    ]
-    out = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
-    if len(out):
-        out.index = pd.MultiIndex.from_tuples(out.index, names=["protocol", "variant"])
-    return out
+    columns = ["seeds", "short", "short half-width", "short exceeds", "long", "long half-width",
+               "long exceeds"]  # fmt: skip
+    return _run_frame(rows, columns, names=("protocol", "variant"))
 
 
 def describe_longer_paired_seeds(
