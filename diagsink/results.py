@@ -1,7 +1,7 @@
 """The full-length runs, read as whatever subset of them is committed: chapter "Results: every
 variant" (``book/results.ipynb``) and the forecasts of "Heatmaps on METR-LA" (``book/heatmaps.ipynb``).
 
-The protocols ``full29`` (5 variants x 4 seeds) and ``full29-released`` (the released graph
+The protocols :data:`FULL` (5 variants x 4 seeds) and :data:`RELEASED` (the released graph
 layer; variants (b), (d), (e) x 4 seeds) are trained one run at a time, so a page may find any
 subset of them. Everything here works on that subset:
 
@@ -51,7 +51,7 @@ from .engine.train import predict
 from .variants import LABELS, VARIANTS
 
 __all__ = [
-    "RESULTS_ENV", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
+    "RESULTS_ENV", "FULL", "RELEASED", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
     "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
     "paired_table", "describe_paired", "paper_means", "relative_changes", "released_comparison", "convergence",
     "convergence_table", "shared_late_changes", "LONGER", "longer_schedule", "describe_longer", "longer_paired", "describe_longer_paired", "longer_paired_seeds", "describe_longer_paired_seeds", "describe_budget", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
@@ -62,10 +62,17 @@ __all__ = [
 #: next to the chapters, i.e. ``book/results``).
 RESULTS_ENV = "DIAGSINK_RESULTS"
 
+#: The full-length protocol the pages report: the book model with its mixing (diffusion) graph
+#: layer. "Results", "Heatmaps on METR-LA", "Trained models through the theorem" and the
+#: README's figure read its runs.
+FULL = "full29"
+#: The same with the released graph layer (no mixing of sensors), reported by "Results".
+RELEASED = "full29-released"
+
 #: The variants each full-length protocol plans (the seeds come from its config).
 PLANNED: dict[str, tuple[str, ...]] = {
-    "full29": VARIANTS,
-    "full29-released": ("none", "dropout", "penalty"),
+    FULL: VARIANTS,
+    RELEASED: ("none", "dropout", "penalty"),
 }
 
 #: The convergence rule, met when the last ``window`` epochs' validation MAE lie within ``tol``
@@ -74,8 +81,8 @@ CONVERGENCE: dict[str, float] = {"window": 4, "tol": 0.01}
 
 #: The protocol with twice the epochs (else equal) that checks a run of each full-length protocol.
 LONGER: dict[str, str] = {
-    "full29": "custom-full29-x2",
-    "full29-released": "custom-full29-released-x2",
+    FULL: "custom-full29-x2",
+    RELEASED: "custom-full29-released-x2",
 }
 
 #: The paper's results table (METR-LA, mean +- sd), quoted from Hankemeier & Schilling (2026):
@@ -279,7 +286,7 @@ def released_comparison(
     ``<v> - (b): released minus diffusion`` (does the effect differ between the layers).
     Columns as in :func:`paired_table`, without ``relative %``. Empty with fewer than 2 seeds.
     """
-    variants = PLANNED["full29-released"]
+    variants = PLANNED[RELEASED]
     seeds = sorted(
         set(complete_seeds(diffusion, variants)) & set(complete_seeds(released, variants))
     )

@@ -1,8 +1,8 @@
 """Draw the README's figure from committed artifacts: ``python tools/readme_figure.py``.
 
 One row of the five variants' last-block attention maps of the committed full-length runs
-(``book/results/full29``: 29 of METR-LA's 207 sensors, all 34,272 steps, CPU), averaged over
-the seeds that have every variant, in the order of the paper's Figure 1 with the letters of its
+(protocol :data:`diagsink.results.FULL`: 29 of METR-LA's 207 sensors, all 34,272 steps, CPU),
+averaged over the seeds that have every variant, in the order of the paper's Figure 1 with the letters of its
 results table, as the chapter "Heatmaps on METR-LA" draws them. Writes ``book/_static/readme_heatmaps.png`` atomically (a small PNG).
 """
 
@@ -22,12 +22,11 @@ import torch  # noqa: E402
 from diagsink import plotting  # noqa: E402
 from diagsink._io import atomic_write_bytes  # noqa: E402
 from diagsink.engine.artifacts import load_results  # noqa: E402
-from diagsink.results import complete_seeds, restrict  # noqa: E402
+from diagsink.results import FULL, complete_seeds, restrict  # noqa: E402
 from diagsink.variants import FIGURE_ORDER, SHORT_LABELS, VARIANTS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "book" / "_static" / "readme_heatmaps.png"
-PROTOCOL = "full29"
 
 
 def one_row(maps: dict[str, torch.Tensor], how: str) -> plt.Figure:
@@ -56,10 +55,10 @@ def one_row(maps: dict[str, torch.Tensor], how: str) -> plt.Figure:
 
 def main() -> int:
     """Write the figure; return the exit status."""
-    arts = load_results(ROOT / "book" / "results" / PROTOCOL)
+    arts = load_results(ROOT / "book" / "results" / FULL)
     seeds = complete_seeds(arts, VARIANTS)
     if not seeds:
-        print(f"no seed of {PROTOCOL} has every variant yet; nothing drawn", file=sys.stderr)
+        print(f"no seed of {FULL} has every variant yet; nothing drawn", file=sys.stderr)
         return 1
     arts = restrict(arts, seeds, VARIANTS)
     maps = {
@@ -69,7 +68,7 @@ def main() -> int:
     data = arts[0]["provenance"]["data"]
     where = f"{data['n_nodes']} of 207 sensors, all {data['n_steps']:,} steps"
     plotting.use_style()
-    fig = one_row(maps, f"{PROTOCOL}: METR-LA, {where}, CPU; last block, mean over seed(s) {seeds}")
+    fig = one_row(maps, f"{FULL}: METR-LA, {where}, CPU; last block, mean over seed(s) {seeds}")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=150)
     atomic_write_bytes(OUT, buf.getvalue())
