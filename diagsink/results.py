@@ -8,6 +8,7 @@ subset of them. Everything here works on that subset:
 * :func:`complete_seeds` -- the seeds for which *every* variant of a comparison exists; tables,
   means and paired differences use only those, so each variant is averaged over the same seeds;
 * :func:`run_counts` -- how many of the planned runs exist (:data:`PLANNED`);
+  :func:`protocol_config` -- the config of a protocol or of its twin;
 * :func:`summary` / :func:`results_table` -- mean and sample sd over the complete seeds, with the
   baselines of :func:`diagsink.data.baselines.baseline_table` as further rows;
 * :func:`paired_table` -- each variant minus (b), seed by seed, with the 95 % paired-t interval
@@ -18,11 +19,10 @@ subset of them. Everything here works on that subset:
   regularizer's effect differs between the two layers (a difference of differences);
 * :func:`convergence` -- a run's validation curve against the rule :data:`CONVERGENCE`;
   :func:`shared_late_changes` -- how far the last epochs' fluctuations are common to one seed;
-  :func:`longer_schedule` -- a run that misses it against its twin trained twice as long
-  (:data:`LONGER`), in words by :func:`describe_longer` and :func:`describe_budget`;
-  :func:`longer_paired` -- a variant's difference against (b) with both trained twice as long
-  (:func:`describe_longer_paired`), seed by seed; :func:`longer_paired_seeds` -- the same over
-  every seed where both are, with its paired interval (:func:`describe_longer_paired_seeds`);
+  :func:`longer_schedule` -- each run against its twin with twice the epochs (:data:`LONGER`,
+  :func:`budget_twin`), in words by :func:`describe_budget`; :func:`longer_paired_seeds` -- a
+  variant's difference against (b) with the paired interval at both budgets, over the seeds where
+  it and (b) have both (:func:`describe_longer_paired_seeds`);
 * :func:`split_dates` and :func:`day_forecast` -- the test windows' dates, one test day's
   forecasts against the truth and the last value;
 * :func:`daily_errors` -- a metric of every test day, for runs (their stored ``test_by_day``)
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import re
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +46,17 @@ import torch
 from .data.baselines import last_value
 from .engine.artifacts import ArtifactError, load_results
 from .engine.by_day import day_groups, error_sums, metrics_from_sums
-from .engine.config import load_config
+from .engine.config import PROTOCOLS, load_config
 from .engine.significance import paired_difference
 from .engine.train import predict
 from .variants import LABELS, VARIANTS
 
 __all__ = [
     "RESULTS_ENV", "FULL", "RELEASED", "PLANNED", "CONVERGENCE", "PAPER", "PAPER_KEYS", "results_root",
+    "protocol_config",
     "load_protocol", "complete_seeds", "restrict", "run_counts", "summary", "results_table",
     "paired_table", "describe_paired", "paper_means", "relative_changes", "released_comparison", "convergence",
-    "convergence_table", "shared_late_changes", "LONGER", "longer_schedule", "describe_longer", "longer_paired", "describe_longer_paired", "longer_paired_seeds", "describe_longer_paired_seeds", "describe_budget", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
+    "convergence_table", "shared_late_changes", "LONGER", "budget_twin", "longer_schedule", "longer_paired_seeds", "describe_longer_paired_seeds", "describe_budget", "thousands", "split_dates", "day_forecast", "pick_day_and_sensors",
     "daily_errors",
 ]  # fmt: skip
 
@@ -79,10 +81,11 @@ PLANNED: dict[str, tuple[str, ...]] = {
 #: (relative) of the best validation MAE of the run.
 CONVERGENCE: dict[str, float] = {"window": 4, "tol": 0.01}
 
-#: The protocol with twice the epochs (else equal) that checks a run of each full-length protocol.
+#: Each full-length protocol and its twin with twice the epochs (the schedule and the patience
+#: stretched with them, everything else equal): the results page's check of the epoch budget.
 LONGER: dict[str, str] = {
-    FULL: "custom-full29-x2",
-    RELEASED: "custom-full29-released-x2",
+    "full29": "custom-full29-x2",
+    "full29-released": "custom-full29-released-x2",
 }
 
 #: The paper's results table (METR-LA, mean +- sd), quoted from Hankemeier & Schilling (2026):
@@ -126,6 +129,16 @@ def restrict(
     return [a for a in arts if a["seed"] in seeds and a["variant"] in variants]
 
 
+def protocol_config(protocol: str) -> dict[str, Any]:
+    """The config of ``protocol``: a shipped protocol, or the file ``<protocol>.yaml`` that ships
+    beside them in ``diagsink/configs`` (the ``custom-...`` twins of :data:`LONGER`)."""
+    if protocol in PROTOCOLS:
+        return load_config(protocol)
+    return load_config(
+        Path(str(resources.files("diagsink").joinpath("configs", f"{protocol}.yaml")))
+    )
+
+
 def run_counts(arts: list[dict[str, Any]], protocol: str) -> dict[str, Any]:
     """How many of the runs ``protocol`` plans exist in ``arts``.
 
@@ -137,7 +150,7 @@ def run_counts(arts: list[dict[str, Any]], protocol: str) -> dict[str, Any]:
         raise ValueError(
             f"protocol {protocol!r} plans no runs here; choose one of {sorted(PLANNED)}."
         )
-    variants, n_seeds = PLANNED[protocol], int(load_config(protocol)["seeds"])
+    variants, n_seeds = PLANNED[protocol], int(protocol_config(protocol)["seeds"])
     planned = {(v, s) for v in variants for s in range(n_seeds)}
     present = {(a["variant"], a["seed"]) for a in arts} & planned
     complete = [s for s in complete_seeds(arts, variants) if s < n_seeds]
@@ -363,6 +376,18 @@ def _shorter(protocol: str) -> str:
     return {v: k for k, v in LONGER.items()}.get(protocol, "")
 
 
+def budget_twin(protocol: str) -> str:
+    """The other protocol of ``protocol``'s pair in :data:`LONGER`: the one with twice its epochs,
+    or with half of them. A protocol without a twin raises :class:`ArtifactError`."""
+    twin = LONGER.get(protocol) or _shorter(protocol)
+    if not twin:
+        raise ArtifactError(
+            f"protocol {protocol!r} has no twin with another epoch budget; choose one of "
+            f"{sorted([*LONGER, *LONGER.values()])}."
+        )
+    return twin
+
+
 def convergence_table(arts: list[dict[str, Any]]) -> pd.DataFrame:
     """:func:`convergence` of every run: rows ``(protocol, variant, seed)``."""
     return _run_frame(
@@ -440,103 +465,20 @@ def longer_schedule(
     return _run_frame(rows, ["short", "long", "change", "seed sd", "converged", "long converged"])
 
 
-def describe_longer(missing: list[tuple[str, str, int]], longer: pd.DataFrame) -> str:
-    """One clause per run of ``missing`` (``(protocol, variant, seed)``, the runs that miss the
-    rule) on its twin in ``longer`` (:func:`longer_schedule`): MAE@12 of both, whether the change
-    is below the variant's seed sd, whether the twin meets the rule; or that no twin is committed.
-    """
-    words = []
-    for name in missing:
-        run = f"{name[0]}/{name[1]} seed {name[2]}"
-        if name not in longer.index:
-            words.append(f"{run}: its run with twice the epochs is not committed")
-            continue
-        r = longer.loc[name]
-        below = "less" if abs(r["change"]) < r["seed sd"] else "more"
-        meets = "meets" if r["long converged"] else "misses"
-        words.append(
-            f"{run}: MAE@12 {r['short']:.3f}, and {r['long']:.3f} mph with twice the epochs "
-            f"({r['change']:+.3f}: {below} than the variant's seed-to-seed sd of {r['seed sd']:.3f}); "
-            f"the longer run {meets} the rule"
-        )
-    return "; ".join(words) + "." if words else "No run misses the rule, so none needs the check."
-
-
 def describe_budget(longer: pd.DataFrame) -> str:
-    """:func:`longer_schedule` summed up: how far twice the epochs moves MAE@12, and for how many
-    runs by more than the seed-to-seed sd of their variant."""
+    """:func:`longer_schedule` summed up: how far twice the epochs moves MAE@12, for how many pairs
+    by more than the seed-to-seed sd of their variant, and how many runs of each budget meet the
+    convergence rule."""
     if longer.empty:
-        return "No run has been trained twice as long yet."
+        return "No run has a twin with another epoch budget yet."
     rel = 100 * longer["change"] / longer["short"]
-    n_more = int((longer["change"].abs() >= longer["seed sd"]).sum())
+    n, n_more = len(longer), int((longer["change"].abs() >= longer["seed sd"]).sum())
     return (
-        f"Trained twice as long, {len(longer)} run(s) change their MAE@12 by {longer['change'].min():+.3f} to "
-        f"{longer['change'].max():+.3f} mph ({rel.min():+.1f} to {rel.max():+.1f} %), {n_more} of them by "
-        "more than the seed-to-seed sd of their variant."
-    )
-
-
-def longer_paired(
-    short: list[dict[str, Any]], long: list[dict[str, Any]], key: str = "MAE@12"
-) -> pd.DataFrame:
-    """The difference against (b) with both runs trained twice as long, against the same
-    difference in the short protocol.
-
-    For each run of ``long`` whose (b) twin (same protocol and seed) is in ``long`` too: rows
-    ``(protocol, variant, seed)`` in the short protocol's name (:data:`LONGER`); columns
-    ``short diff`` and ``long diff`` (``key`` of the variant minus (b), same seed), ``change``
-    (long minus short) and ``paired sd`` (sample sd over the seeds of ``short`` of the
-    variant-minus-(b) difference: how much it varies with the seed). Empty when no pair exists.
-    """
-    value = _metric_by_run(short + long, key)
-    rows = {}
-    for a in long:
-        p, v, s = a["protocol"], a["variant"], a["seed"]
-        if v == "none" or (p, "none", s) not in value:
-            continue
-        name = (_shorter(p), v, s)
-        if name not in value or (name[0], "none", s) not in value:
-            raise ArtifactError(
-                f"{p}/{v}_seed{s} and its (b) have no twins in {name[0] or 'a short protocol'}; "
-                "pass the protocol they lengthen."
-            )
-        seeds = [
-            b["seed"]
-            for b in short
-            if b["protocol"] == name[0]
-            and b["variant"] == v
-            and (name[0], "none", b["seed"]) in value
-        ]
-        x = [value[(name[0], v, e)] for e in seeds]
-        b = [value[(name[0], "none", e)] for e in seeds]
-        d_short = value[name] - value[(name[0], "none", s)]
-        d_long = value[(p, v, s)] - value[(p, "none", s)]
-        rows[name] = {
-            "short diff": d_short,
-            "long diff": d_long,
-            "change": d_long - d_short,
-            "paired sd": paired_difference(x, b)["sd_diff"] if len(seeds) > 1 else float("nan"),
-        }
-    return _run_frame(rows, ["short diff", "long diff", "change", "paired sd"])
-
-
-def describe_longer_paired(
-    paired: pd.DataFrame, labels: dict[str, str] | None = None, key: str = "MAE@12"
-) -> str:
-    """:func:`longer_paired` in one sentence: each difference against (b) short and long, and how
-    many moved by less than the seed-to-seed sd of that difference."""
-    if paired.empty:
-        return "No variant has a twice-as-long twin of (b) with the same seed yet, so no difference against (b) is checked."
-    labels = labels or {}
-    parts = [
-        f"{labels.get(v, v)} seed {s} {r['short diff']:+.3f} and {r['long diff']:+.3f} "
-        f"(a change of {abs(r['change']) / r['paired sd']:.3f} seed sd)"
-        for (_, v, s), r in paired.iterrows()
-    ]
-    n_less = int((paired["change"].abs() < paired["paired sd"]).sum())
-    return (
-        f"With (b) trained twice as long too, the differences against (b) ({key}, short and long) are "
-        f"{'; '.join(parts)}: {n_less} of {len(paired)} move by less than the seed-to-seed sd of that difference."
+        f"Over {n} pair(s) of a run and its twin with twice the epochs, the longer run's MAE@12 differs by "
+        f"{longer['change'].min():+.3f} to {longer['change'].max():+.3f} mph ({rel.min():+.1f} to "
+        f"{rel.max():+.1f} %), in {n_more} of them by more than the seed-to-seed sd of its variant; "
+        f"{int(longer['converged'].sum())} of the {n} shorter runs and {int(longer['long converged'].sum())} "
+        f"of the {n} longer ones meet the convergence rule."
     )
 
 
@@ -588,7 +530,7 @@ def describe_longer_paired_seeds(
     table: pd.DataFrame, labels: dict[str, str] | None = None, key: str = "MAE@12"
 ) -> str:
     """:func:`longer_paired_seeds` in one sentence per variant: its mean difference against (b)
-    over the same seeds with 16 and with twice the epochs, each with its interval."""
+    over the same seeds with the shorter budget and with twice its epochs, each with its interval."""
     if table.empty:
         return "No treatment has two seeds yet at which it and (b) are both trained twice as long."
     labels = labels or {}

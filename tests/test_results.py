@@ -208,48 +208,25 @@ def test_longer_schedule_pairs_each_long_run_with_its_twin():
     assert len(t) == 1 and dr.longer_schedule(short, []).empty
     with pytest.raises(ArtifactError, match="no twin"):
         dr.longer_schedule(short[1:], long)
-    text = dr.describe_longer([("full29", "none", 0), ("full29", "mask", 1)], t)
-    assert text == (
-        "full29/none seed 0: MAE@12 6.000, and 5.800 mph with twice the epochs (-0.200: more than "
-        "the variant's seed-to-seed sd of 0.200); the longer run meets the rule; "
-        "full29/mask seed 1: its run with twice the epochs is not committed."
-    )
-    assert dr.describe_longer([], t).startswith("No run misses the rule")
     assert dr.describe_budget(t) == (
-        "Trained twice as long, 1 run(s) change their MAE@12 by -0.200 to -0.200 mph (-3.3 to -3.3 %), "
-        "1 of them by more than the seed-to-seed sd of their variant."
+        "Over 1 pair(s) of a run and its twin with twice the epochs, the longer run's MAE@12 differs by "
+        "-0.200 to -0.200 mph (-3.3 to -3.3 %), in 1 of them by more than the seed-to-seed sd of its "
+        "variant; 0 of the 1 shorter runs and 1 of the 1 longer ones meet the convergence rule."
     )
-    assert dr.describe_budget(t.iloc[:0]) == "No run has been trained twice as long yet."
+    assert dr.describe_budget(t.iloc[:0]) == "No run has a twin with another epoch budget yet."
 
 
-def test_longer_paired_compares_differences_against_b_at_both_lengths():
-    # MAE@12 = 2 * mae: short (b) 6.0, 6.4, 6.2; mask 6.2, 6.8, 6.2 -> differences 0.2, 0.4, 0.0
-    short = [
-        _art("none", 0, 3.0),
-        _art("none", 1, 3.2),
-        _art("none", 2, 3.1),
-        _art("mask", 0, 3.1),
-        _art("mask", 1, 3.4),
-        _art("mask", 2, 3.1),
-    ]
-    x2 = "custom-full29-x2"
-    long = [_art("none", 1, 3.0, x2), _art("mask", 1, 3.05, x2), _art("mask", 2, 3.0, x2)]
-    t = dr.longer_paired(short, long)
-    assert list(t.index) == [("full29", "mask", 1)]  # (b) is the reference; mask 2 lacks its (b)
-    row = t.loc[("full29", "mask", 1)]
-    assert row["short diff"] == pytest.approx(0.4) and row["long diff"] == pytest.approx(0.1)
-    assert row["change"] == pytest.approx(-0.3)
-    assert row["paired sd"] == pytest.approx(np.std([0.2, 0.4, 0.0], ddof=1))
-    text = dr.describe_longer_paired(t, {"mask": "(c)"})
-    assert text == (
-        "With (b) trained twice as long too, the differences against (b) (MAE@12, short and long) are "
-        "(c) seed 1 +0.400 and +0.100 (a change of 1.500 seed sd): 0 of 1 move by less than the "
-        "seed-to-seed sd of that difference."
-    )
-    assert dr.longer_paired(short, long[:1]).empty
-    with pytest.raises(ArtifactError, match="no twins in full29"):
-        dr.longer_paired(short, long + [_art("dropout", 1, 2.0, x2)])
-    assert dr.describe_longer_paired(t.iloc[:0]).startswith("No variant has")
+def test_budget_twin_and_protocol_config_read_both_protocols_of_a_pair():
+    for short, long in dr.LONGER.items():
+        assert dr.budget_twin(short) == long and dr.budget_twin(long) == short
+        assert (
+            dr.protocol_config(long)["train"]["epochs"]
+            == 2 * dr.protocol_config(short)["train"]["epochs"]
+        )
+        assert dr.protocol_config(long)["protocol"] == long
+    assert all(dr.budget_twin(p) for p in (dr.FULL, dr.RELEASED))  # the reported ones have twins
+    with pytest.raises(ArtifactError, match="no twin with another epoch budget"):
+        dr.budget_twin("slice")
 
 
 def test_longer_paired_seeds_sets_the_interval_at_both_lengths_over_the_same_seeds():
