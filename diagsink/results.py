@@ -529,22 +529,28 @@ def longer_paired_seeds(
 def describe_longer_paired_seeds(
     table: pd.DataFrame, labels: dict[str, str] | None = None, key: str = "MAE@12"
 ) -> str:
-    """:func:`longer_paired_seeds` in one sentence per variant: its mean difference against (b)
-    over the same seeds with the shorter budget and with twice its epochs, each with its interval."""
+    """:func:`longer_paired_seeds` in one sentence: how many of its treatment-minus-(b)
+    differences exceed the seed noise with the shorter budget and with twice its epochs (each one
+    that does named with its interval), and the largest mean difference at each budget."""
     if table.empty:
-        return "No treatment has two seeds yet at which it and (b) are both trained twice as long."
+        return "No treatment has two seeds yet at which it and (b) have both epoch budgets."
     labels = labels or {}
 
-    def interval(r: pd.Series, name: str) -> str:
-        noise = "beyond" if r[f"{name} exceeds"] else "within"
-        return f"{r[name]:+.3f} ± {r[f'{name} half-width']:.3f} mph ({noise} the seed noise)"
+    def exceeding(budget: str) -> str:
+        rows = table[table[f"{budget} exceeds"].astype(bool)]
+        named = [
+            f"{labels.get(v, v)} in the {p} pair, {r[budget]:+.3f} ± {r[f'{budget} half-width']:.3f} mph"
+            for (p, v), r in rows.iterrows()
+        ]
+        return f"{len(rows)}" + (f" ({'; '.join(named)})" if named else "")
 
-    parts = [
-        f"{labels.get(v, v)} minus (b) ({p}, {key}, seeds {', '.join(map(str, r['seeds']))}) is "
-        f"{interval(r, 'short')} with the short schedule and {interval(r, 'long')} with twice the epochs"
-        for (p, v), r in table.iterrows()
-    ]
-    return "Over the seeds where both are trained twice as long, " + "; ".join(parts) + "."
+    n, largest = len(table), table[["short", "long"]].abs().max()
+    return (
+        f"Of the {n} treatment-minus-(b) difference(s) of {key} with both budgets at two seeds or "
+        f"more, {exceeding('short')} exceed the seed noise with the shorter budget and "
+        f"{exceeding('long')} with twice its epochs (largest mean difference {largest['short']:.3f} "
+        f"and {largest['long']:.3f} mph)."
+    )
 
 
 def thousands(n: int) -> str:

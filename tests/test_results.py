@@ -250,11 +250,11 @@ def test_longer_paired_seeds_sets_the_interval_at_both_lengths_over_the_same_see
     assert r["long half-width"] == pytest.approx(expected["half_width"])
     assert r["long exceeds"] == bool(expected["exceeds_noise"]) and not r["short exceeds"]
     text = dr.describe_longer_paired_seeds(t, {"mask": "(c)"})
-    assert text.startswith(
-        "Over the seeds where both are trained twice as long, (c) minus (b) (full29, MAE@12, seeds 0, 1, 2) is +0.000 ± "
+    assert text == (
+        "Of the 1 treatment-minus-(b) difference(s) of MAE@12 with both budgets at two seeds or more, 0 "
+        "exceed the seed noise with the shorter budget and 1 ((c) in the full29 pair, +0.300 ± "
+        f"{expected['half_width']:.3f} mph) with twice its epochs (largest mean difference 0.000 and 0.300 mph)."
     )
-    assert "mph (within the seed noise) with the short schedule" in text
-    assert "with twice the epochs." in text
     # a seed whose short run is missing drops out of both columns
     t2 = dr.longer_paired_seeds([a for a in short if a["seed"] != 2], long)
     assert t2.loc[("full29", "mask"), "seeds"] == [0, 1]
