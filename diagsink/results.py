@@ -64,9 +64,9 @@ __all__ = [
 #: next to the chapters, i.e. ``book/results``).
 RESULTS_ENV = "DIAGSINK_RESULTS"
 
-#: The full-length protocol the pages report: the book model with its mixing (diffusion) graph
-#: layer. "Results", "Heatmaps on METR-LA", "Trained models through the theorem" and the
-#: README's figure read its runs.
+#: The full-length protocol whose runs the pages report (the book model with its mixing graph
+#: layer), read by "Results", "Heatmaps on METR-LA", "Trained models through the theorem" and
+#: the README's figure.
 FULL = "full29"
 #: The same with the released graph layer (no mixing of sensors), reported by "Results".
 RELEASED = "full29-released"
