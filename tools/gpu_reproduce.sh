@@ -10,18 +10,19 @@
 #   1. full29           5 variants x 4 seeds, the book model on all 34,272 steps of the
 #                       29-sensor file (diagsink/configs/full29.yaml);
 #   2. full29-released  (b) none, (d) dropout, (e) penalty x 4 seeds with the released graph layer;
-#   3. paper            the paper's model size and schedule on the same 29-sensor file
+#   3. diagsink/configs/custom-full29-x2.yaml, 4. diagsink/configs/custom-full29-released-x2.yaml
+#                       the same two with twice the epochs (their twins on the results page);
+#   5. paper            the paper's model size and schedule on the same 29-sensor file
 #                       (--speed-file), 5 variants x PAPER_SEEDS seeds.
 # After each step every finished run gets its sensitivity and test_by_day fields
 # (`diagsink sensitivity --by-day`).
 #
 # Environment (defaults in brackets): PYTHON [python], DEVICE [cuda], SEEDS [4],
-# PAPER_SEEDS [4], VARIANTS [all five], STEPS ["full29 full29-released paper"],
+# PAPER_SEEDS [4], VARIANTS [all five], STEPS [the five above, in that order],
 # SPEED_FILE [metr-la_29sensors_allsteps.h5], CAP [570] seconds for the whole script.
 # A step may also be a protocol file (STEPS="my-protocol.yaml"); its runs go to
-# OUT_DIR/<its protocol: name>/. The twice-as-long protocols of the results page's convergence
-# check: STEPS="diagsink/configs/custom-full29-x2.yaml diagsink/configs/custom-full29-released-x2.yaml"
-# (a file whose name contains "released" trains (b), (d), (e) only, like full29-released). A dry run on a CPU, the same steps on a tiny protocol file
+# OUT_DIR/<its protocol: name>/; a file whose name contains "released" trains (b), (d), (e)
+# only, like full29-released. A dry run on a CPU, the same steps on a tiny protocol file
 # (tests/test_gpu_script.py runs one of a single epoch of two batches):
 #     DEVICE=cpu STEPS=custom-tiny.yaml SEEDS=1 VARIANTS=none tools/gpu_reproduce.sh /tmp/out
 set -euo pipefail
@@ -31,7 +32,7 @@ DEVICE="${DEVICE:-cuda}"
 SEEDS="${SEEDS:-4}"
 PAPER_SEEDS="${PAPER_SEEDS:-4}"
 VARIANTS="${VARIANTS:-no_residual,none,mask,dropout,penalty}"
-STEPS="${STEPS:-full29 full29-released paper}"
+STEPS="${STEPS:-full29 full29-released diagsink/configs/custom-full29-x2.yaml diagsink/configs/custom-full29-released-x2.yaml paper}"
 SPEED_FILE="${SPEED_FILE:-metr-la_29sensors_allsteps.h5}"
 CAP="${CAP:-570}"
 if [ -z "${DIAGSINK_DATA:-}" ]; then
