@@ -378,10 +378,10 @@ def _shorter(protocol: str) -> str:
 
 def budget_twin(protocol: str) -> str:
     """The other protocol of ``protocol``'s pair in :data:`LONGER`: the one with twice its epochs,
-    or with half of them. A protocol without a twin raises :class:`ArtifactError`."""
+    or with half of them. A protocol without a twin raises :class:`ValueError`."""
     twin = LONGER.get(protocol) or _shorter(protocol)
     if not twin:
-        raise ArtifactError(
+        raise ValueError(
             f"protocol {protocol!r} has no twin with another epoch budget; choose one of "
             f"{sorted([*LONGER, *LONGER.values()])}."
         )
@@ -474,7 +474,7 @@ def describe_budget(longer: pd.DataFrame) -> str:
     rel = 100 * longer["change"] / longer["short"]
     n, n_more = len(longer), int((longer["change"].abs() >= longer["seed sd"]).sum())
     return (
-        f"Over {n} pair(s) of a run and its twin with twice the epochs, the longer run's MAE@12 differs by "
+        f"Over {n} pair(s) of a run and its twin with twice the epochs, the longer run's MAE@12 minus its twin's is "
         f"{longer['change'].min():+.3f} to {longer['change'].max():+.3f} mph ({rel.min():+.1f} to "
         f"{rel.max():+.1f} %), in {n_more} of them by more than the seed-to-seed sd of its variant; "
         f"{int(longer['converged'].sum())} of the {n} shorter runs and {int(longer['long converged'].sum())} "
