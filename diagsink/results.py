@@ -77,9 +77,10 @@ PLANNED: dict[str, tuple[str, ...]] = {
     RELEASED: ("none", "dropout", "penalty"),
 }
 
-#: The convergence rule, met when the last ``window`` epochs' validation MAE lie within ``tol``
-#: (relative) of the best validation MAE of the run.
-CONVERGENCE: dict[str, float] = {"window": 4, "tol": 0.01}
+#: The convergence rule, met when the run's last learning rate is at most ``lr_frac`` of its peak
+#: and the best validation MAE of its last ``window`` epochs lies within ``tol`` (relative) of the
+#: best before them.
+CONVERGENCE: dict[str, float] = {"window": 4, "tol": 0.01, "lr_frac": 0.1}
 
 #: Each full-length protocol and its twin with twice the epochs (the schedule and the patience
 #: stretched with them, everything else equal): the results page's check of the epoch budget.
@@ -328,29 +329,38 @@ def released_comparison(
 def convergence(
     history: list[dict[str, float]], window: int | None = None, tol: float | None = None
 ) -> dict[str, Any]:
-    """Whether a validation curve meets the rule :data:`CONVERGENCE`.
+    """Whether a validation curve meets the rule :data:`CONVERGENCE`: it stopped improving, and
+    did not fall back, after its learning rate ran down.
 
     ``history`` is an artifact's list of epochs (``val_mae``, ``lr``). The run *converged* when
-    it has at least ``window`` epochs and each of the last ``window`` validation MAEs is within
-    ``tol`` (relative) of the best one. Returns ``converged``, ``epochs``, ``best_epoch``,
-    ``best`` (MAE), ``last_excess`` (largest excess of the last ``window`` epochs over the best,
-    relative) and ``lr_last`` (the last epoch's learning rate).
+    it has more than ``window`` epochs, its last learning rate is at most ``lr_frac`` of the
+    largest, and the best validation MAE of its last ``window`` epochs is within ``tol``
+    (relative) of the best before them: those epochs neither improved on the earlier ones by more
+    than ``tol`` (early stopping's test with patience ``window``) nor fell back from them by more.
+    Returns ``converged``, ``epochs``, ``best_epoch``, ``best`` (MAE), ``late_change`` (best of
+    the last ``window`` epochs over the best before them, minus 1: below 0 while still improving),
+    ``last_excess`` (largest excess of any of the last ``window`` epochs over the best, the
+    stricter reading that a single epoch's rise fails), ``lr_last`` (the last epoch's learning
+    rate) and ``lr_ratio`` (``lr_last`` over the largest).
     """
     window = int(CONVERGENCE["window"] if window is None else window)
     tol = float(CONVERGENCE["tol"] if tol is None else tol)
     if not history:
         raise ArtifactError("convergence needs a validation curve; this history is empty.")
     val = [float(h["val_mae"]) for h in history]
+    lr = [float(h["lr"]) for h in history]
     best = min(val)
-    tail = val[-window:]
-    excess = max(tail) / best - 1
+    late = min(val[-window:]) / min(val[:-window]) - 1 if len(val) > window else float("nan")
+    lr_ratio = lr[-1] / max(lr) if max(lr) > 0 else float("nan")
     return {
-        "converged": len(val) >= window and excess <= tol,
+        "converged": len(val) > window and abs(late) <= tol and lr_ratio <= CONVERGENCE["lr_frac"],
         "epochs": len(val),
         "best_epoch": int(np.argmin(val)),
         "best": best,
-        "last_excess": excess,
-        "lr_last": float(history[-1]["lr"]),
+        "late_change": late,
+        "last_excess": max(val[-window:]) / best - 1,
+        "lr_last": lr[-1],
+        "lr_ratio": lr_ratio,
     }
 
 
