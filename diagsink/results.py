@@ -327,7 +327,10 @@ def released_comparison(
 
 
 def convergence(
-    history: list[dict[str, float]], window: int | None = None, tol: float | None = None
+    history: list[dict[str, float]],
+    window: int | None = None,
+    tol: float | None = None,
+    lr_frac: float | None = None,
 ) -> dict[str, Any]:
     """Whether a validation curve meets the rule :data:`CONVERGENCE`: it stopped improving, and
     did not fall back, after its learning rate ran down.
@@ -345,6 +348,7 @@ def convergence(
     """
     window = int(CONVERGENCE["window"] if window is None else window)
     tol = float(CONVERGENCE["tol"] if tol is None else tol)
+    lr_frac = float(CONVERGENCE["lr_frac"] if lr_frac is None else lr_frac)
     if not history:
         raise ArtifactError("convergence needs a validation curve; this history is empty.")
     val = [float(h["val_mae"]) for h in history]
@@ -353,7 +357,7 @@ def convergence(
     late = min(val[-window:]) / min(val[:-window]) - 1 if len(val) > window else float("nan")
     lr_ratio = lr[-1] / max(lr) if max(lr) > 0 else float("nan")
     return {
-        "converged": len(val) > window and abs(late) <= tol and lr_ratio <= CONVERGENCE["lr_frac"],
+        "converged": len(val) > window and abs(late) <= tol and lr_ratio <= lr_frac,
         "epochs": len(val),
         "best_epoch": int(np.argmin(val)),
         "best": best,
