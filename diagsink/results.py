@@ -503,7 +503,7 @@ def longer_paired_seeds(
     level: float = 0.95,
 ) -> pd.DataFrame:
     """Each variant minus (b) over the seeds where both are trained twice as long, against the
-    same seeds in the short protocol: does a treatment's effect depend on the budget?
+    same seeds in the short protocol: does a variant's effect against (b) depend on the budget?
 
     For each long protocol (:data:`LONGER`) and variant with at least 2 seeds that it and (b)
     both have in the long protocol (and, for those seeds, in the short one): rows ``(protocol,
@@ -543,11 +543,11 @@ def longer_paired_seeds(
 def describe_longer_paired_seeds(
     table: pd.DataFrame, labels: dict[str, str] | None = None, key: str = "MAE@12"
 ) -> str:
-    """:func:`longer_paired_seeds` in one sentence: how many of its treatment-minus-(b)
+    """:func:`longer_paired_seeds` in one sentence: how many of its variant-minus-(b)
     differences exceed the seed noise with the shorter budget and with twice its epochs (each one
     that does named with its interval), and the largest mean difference at each budget."""
     if table.empty:
-        return "No treatment has two seeds yet at which it and (b) have both epoch budgets."
+        return "No variant has two seeds yet at which it and (b) have both epoch budgets."
     labels = labels or {}
 
     def exceeding(budget: str) -> str:
@@ -560,7 +560,7 @@ def describe_longer_paired_seeds(
 
     n, largest = len(table), table[["short", "long"]].abs().max()
     return (
-        f"Of the {n} treatment-minus-(b) difference(s) of {key} with both budgets at two seeds or "
+        f"Of the {n} variant-minus-(b) difference(s) of {key} with both budgets at two seeds or "
         f"more, {exceeding('short')} exceed the seed noise with the shorter budget and "
         f"{exceeding('long')} with twice its epochs (largest mean difference {largest['short']:.3f} "
         f"and {largest['long']:.3f} mph)."

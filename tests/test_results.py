@@ -273,7 +273,7 @@ def test_longer_paired_seeds_sets_the_interval_at_both_lengths_over_the_same_see
     assert r["long exceeds"] == bool(expected["exceeds_noise"]) and not r["short exceeds"]
     text = dr.describe_longer_paired_seeds(t, {"mask": "(c)"})
     assert text == (
-        "Of the 1 treatment-minus-(b) difference(s) of MAE@12 with both budgets at two seeds or more, 0 "
+        "Of the 1 variant-minus-(b) difference(s) of MAE@12 with both budgets at two seeds or more, 0 "
         "exceed the seed noise with the shorter budget and 1 ((c) in the full29 pair, +0.300 ± "
         f"{expected['half_width']:.3f} mph) with twice its epochs (largest mean difference 0.000 and 0.300 mph)."
     )
@@ -281,7 +281,7 @@ def test_longer_paired_seeds_sets_the_interval_at_both_lengths_over_the_same_see
     t2 = dr.longer_paired_seeds([a for a in short if a["seed"] != 2], long)
     assert t2.loc[("full29", "mask"), "seeds"] == [0, 1]
     assert dr.longer_paired_seeds(short, long[:3]).empty
-    assert dr.describe_longer_paired_seeds(t.iloc[:0]).startswith("No treatment has two seeds")
+    assert dr.describe_longer_paired_seeds(t.iloc[:0]).startswith("No variant has two seeds")
 
 
 def _fake_data(n_days: int = 14, n_nodes: int = 3) -> SimpleNamespace:
