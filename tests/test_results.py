@@ -167,12 +167,11 @@ def test_convergence_rule():
     assert not falling["converged"] and falling["late_change"] == pytest.approx(2.1 / 2.6 - 1)
     fell_back = dr.convergence(_curve([3.0, 2.4, 2.5, 2.6, 2.5, 2.55, 2.6]))
     assert not fell_back["converged"] and fell_back["late_change"] == pytest.approx(2.5 / 2.4 - 1)
-    at_peak = dr.convergence(_curve([3.0, 2.5, 2.41, 2.40, 2.405, 2.41, 2.404], floor=1e-3))
+    flat_at_peak = _curve([3.0, 2.5, 2.41, 2.40, 2.405, 2.41, 2.404], floor=1e-3)
+    at_peak = dr.convergence(flat_at_peak)
     # flat, but the steps never shrank
     assert not at_peak["converged"] and at_peak["lr_ratio"] == 1.0
-    assert dr.convergence(
-        _curve([3.0, 2.5, 2.41, 2.40, 2.405, 2.41, 2.404], floor=1e-3), lr_frac=1.0
-    )["converged"]
+    assert dr.convergence(flat_at_peak, lr_frac=1.0)["converged"]
     short = dr.convergence(_curve([2.0] * 4))
     assert not short["converged"] and np.isnan(short["late_change"])  # nothing before the window
     assert dr.convergence(_curve([2.0, 2.03, 2.02]), window=2, tol=0.02)["converged"]
