@@ -55,6 +55,7 @@ from diagsink.engine.reload import (
     recompute_metrics,
 )
 from diagsink.errors import DataError
+from diagsink.results import PLANNED, convergence, protocol_config
 from diagsink.sensitivity import run_sensitivity
 from diagsink.variants import VARIANTS
 
@@ -348,6 +349,26 @@ def test_the_slice_runs_are_complete_and_carry_their_sensitivity():
     assert all(
         a["stopped"] == "early_stopping" or a["best_epoch"] < a["epochs_run"] - 1 for a in arts
     )
+
+
+def test_the_reported_full_length_runs_are_complete_and_converged():
+    """The runs the pages report (:data:`diagsink.results.PLANNED`): every planned variant with
+    every seed of its protocol, each with its sensitivity and its test errors by day, and each
+    validation curve meeting the convergence rule the results page states."""
+    for protocol, variants in PLANNED.items():
+        arts = [_artifact(p) for p in WITH_WEIGHTS if p.parent.name == protocol]
+        seeds = range(protocol_config(protocol)["seeds"])
+        rerun = f"diagsink/configs/{protocol}.yaml --variants {','.join(variants)} --device cpu"
+        assert sorted((a["variant"], a["seed"]) for a in arts) == sorted(
+            (v, s) for v in variants for s in seeds
+        ), f"run `diagsink reproduce --protocol {rerun}`"
+        assert all("sensitivity" in a and "test_by_day" in a for a in arts), (
+            f"run `diagsink sensitivity --by-day book/results/{protocol}/*_seed*.json`"
+        )
+        late = [
+            (a["variant"], a["seed"]) for a in arts if not convergence(a["history"])["converged"]
+        ]
+        assert not late, f"{protocol}: still improving at the end: {late}"
 
 
 def test_the_four_block_runs_are_complete_and_stopped_improving():

@@ -50,12 +50,11 @@ def test_complete_seeds_need_every_variant():
 
 
 def test_run_counts_against_the_planned_runs():
-    arts = _grid([0], {}) + [_art("none", 1, 3.0), _art("none", 7, 3.0)]  # seed 7 is not planned
-    c = dr.run_counts(arts, "full29")
+    # the protocols the pages report (dr.PLANNED): 5 and 3 variants x 4 seeds
+    arts = _grid([0], {}, dr.FULL) + [_art("none", s, 3.0, dr.FULL) for s in (1, 7)]  # 7: unplanned
+    c = dr.run_counts(arts, dr.FULL)
     assert (c["planned"], c["present"], c["seeds"], c["complete"]) == (20, 6, 4, [0])
-    rel = dr.run_counts(
-        _grid([0, 1], {}, "full29-released", ("none", "dropout", "penalty")), "full29-released"
-    )
+    rel = dr.run_counts(_grid([0, 1], {}, dr.RELEASED, ("none", "dropout", "penalty")), dr.RELEASED)
     assert (rel["planned"], rel["present"], rel["complete"]) == (12, 6, [0, 1])
     with pytest.raises(ValueError, match="plans no runs"):
         dr.run_counts(arts, "slice")
